@@ -1,0 +1,120 @@
+"""Estimating a move's effect on the in-memory snapshot, before fresh reports arrive.
+
+A topic carries its own traffic; CPU, memory, disk and network are attributed to it in
+proportion to its share of its broker's weighted topic load. Applying a move transfers
+both, so the next decision does not repeat the move.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ballast.balance.scoring import topic_load_score
+from ballast.model import BrokerId, ClusterSnapshot, LoadReport, TopicLoad
+
+
+def topic_weight(load: TopicLoad) -> float:
+    """The topic's own weighted load (its term in the broker's weighted topic load)."""
+    return float(topic_load_score(1, load.throughput_mbps, load.connections, load.backlog))
+
+
+def broker_topic_load(snapshot: ClusterSnapshot, broker: BrokerId) -> float:
+    """Weighted topic load of a broker: count from assignments, rates from its report."""
+    report = snapshot.reports.get(broker)
+    count = len(snapshot.assignments.get(broker, ()))
+    if report is None:
+        return float(topic_load_score(count, 0.0, 0, 0))
+    return float(
+        topic_load_score(
+            count, report.total_throughput_mbps, report.total_connections, report.total_backlog
+        )
+    )
+
+
+def _resources(report: LoadReport | None, share: float) -> tuple[float, float, float, float]:
+    if report is None or share <= 0:
+        return 0.0, 0.0, 0.0, 0.0
+    return (
+        report.cpu_percent * share,
+        report.memory_percent * share,
+        report.disk_io_bps * share,
+        report.network_io_bps * share,
+    )
+
+
+def _adjust(
+    report: LoadReport | None,
+    broker: BrokerId,
+    now: float,
+    topics: tuple[TopicLoad, ...],
+    delta: tuple[float, float, float, float],
+    sign: float,
+) -> LoadReport:
+    base = report or LoadReport(broker, now)
+    return replace(
+        base,
+        topics=topics,
+        cpu_percent=max(0.0, base.cpu_percent + sign * delta[0]),
+        memory_percent=max(0.0, base.memory_percent + sign * delta[1]),
+        disk_io_bps=max(0.0, base.disk_io_bps + sign * delta[2]),
+        network_io_bps=max(0.0, base.network_io_bps + sign * delta[3]),
+    )
+
+
+def apply_move(
+    snapshot: ClusterSnapshot, topic: str, source: BrokerId, target: BrokerId
+) -> ClusterSnapshot:
+    """The snapshot as it will look once `topic` has moved from `source` to `target`."""
+    src_report = snapshot.reports.get(source)
+    load = snapshot.topic_loads(source).get(topic, TopicLoad(topic))
+    total = broker_topic_load(snapshot, source)
+    delta = _resources(src_report, topic_weight(load) / total if total > 0 else 0.0)
+
+    reports = dict(snapshot.reports)
+    src_topics = tuple(t for t in (src_report.topics if src_report else ()) if t.topic != topic)
+    reports[source] = _adjust(src_report, source, 0.0, src_topics, delta, -1.0)
+    dst_report = snapshot.reports.get(target)
+    dst_topics = (*(dst_report.topics if dst_report else ()), load)
+    reports[target] = _adjust(dst_report, target, 0.0, dst_topics, delta, +1.0)
+
+    assignments = dict(snapshot.assignments)
+    assignments[source] = tuple(t for t in assignments.get(source, ()) if t != topic)
+    assignments[target] = (*assignments.get(target, ()), topic)
+    return replace(snapshot, reports=reports, assignments=assignments)
+
+
+def add_topic(
+    snapshot: ClusterSnapshot,
+    topic: str,
+    broker: BrokerId,
+    load: TopicLoad | None = None,
+    resources: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0),
+) -> ClusterSnapshot:
+    """The snapshot with `topic` placed on `broker` (a placeholder when `load` is None)."""
+    assignments = dict(snapshot.assignments)
+    assignments[broker] = (*assignments.get(broker, ()), topic)
+    reports = dict(snapshot.reports)
+    if load is not None or any(resources):
+        report = snapshot.reports.get(broker)
+        topics = (*(report.topics if report else ()), *((load,) if load else ()))
+        reports[broker] = _adjust(report, broker, 0.0, topics, resources, +1.0)
+    return replace(snapshot, reports=reports, assignments=assignments)
+
+
+def remove_broker(
+    snapshot: ClusterSnapshot, broker: BrokerId
+) -> tuple[ClusterSnapshot, list[tuple[str, TopicLoad, tuple[float, float, float, float]]]]:
+    """Drop `broker`; return its topics with their last known loads and resource shares."""
+    report = snapshot.reports.get(broker)
+    total = broker_topic_load(snapshot, broker)
+    orphans = []
+    for topic, load in snapshot.topic_loads(broker).items():
+        share = topic_weight(load) / total if total > 0 else 0.0
+        orphans.append((topic, load, _resources(report, share)))
+    reports = {b: r for b, r in snapshot.reports.items() if b != broker}
+    assignments = {b: t for b, t in snapshot.assignments.items() if b != broker}
+    brokers = tuple(b for b in snapshot.brokers if b != broker)
+    states = {b: s for b, s in snapshot.states.items() if b != broker}
+    return replace(
+        snapshot, brokers=brokers, reports=reports, assignments=assignments, states=states
+    ), orphans

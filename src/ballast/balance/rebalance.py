@@ -1,0 +1,197 @@
+"""The rebalancing decision: one move per cycle, or a hold that says why.
+
+Rules, in order (each hold names its rule): disabled, too few brokers, balanced (with
+hysteresis: an episode starts above `cv_threshold` and ends below `target_cv`), rate limit,
+cooldown, then the search for a move that strictly reduces imbalance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Literal
+
+from ballast.balance.candidates import movable_topics
+from ballast.balance.estimate import apply_move, broker_topic_load
+from ballast.balance.history import MoveHistory
+from ballast.balance.imbalance import Imbalance, measure, sum_squared_deviations
+from ballast.balance.rankings import score_brokers
+from ballast.config import RebalancingConfig, Strategy
+from ballast.model import BrokerId, ClusterSnapshot, Move
+
+LINEAR = (Strategy.FAIR, Strategy.BALANCED)
+MAX_TRIES_PER_SOURCE = 32  # exact evaluations per source broker (non-linear strategy)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the rebalancing loop should do now. `rule` is "move" or why nothing moves."""
+
+    rule: str
+    reason: str
+    stats: Imbalance
+    move: Move | None = None
+    episode: bool = False
+    after: ClusterSnapshot | None = None  # the estimated snapshot once `move` is done
+
+    @property
+    def explanation(self) -> str:
+        return f"[{self.rule}] {self.reason}"
+
+
+def active_scores(snapshot: ClusterSnapshot, strategy: Strategy) -> dict[BrokerId, float]:
+    """Scores of the active brokers only (imbalance is measured over them)."""
+    scores = score_brokers(snapshot, strategy)
+    active = set(snapshot.active_brokers())
+    return {b: s for b, s in scores.items() if b in active}
+
+
+@dataclass(frozen=True)
+class Search:
+    """Result of looking for one useful move."""
+
+    move: Move | None
+    after: ClusterSnapshot | None
+    reason: str
+
+
+def _estimated_weights(
+    snapshot: ClusterSnapshot, broker: BrokerId, weights: list[float], score: float
+) -> list[float]:
+    """Approximate score each topic carries: its share of the broker's score."""
+    total = broker_topic_load(snapshot, broker)
+    return [score * w / total if total > 0 else 0.0 for w in weights]
+
+
+def find_move(
+    snapshot: ClusterSnapshot,
+    history: MoveHistory,
+    now: float,
+    config: RebalancingConfig,
+    strategy: Strategy,
+    prefer: Literal["lightest", "largest_gain"] = "lightest",
+    exclude_topics: Collection[str] = (),
+    reason: str = "LoadImbalance",
+) -> Search:
+    """One move from a source broker to the least-loaded active broker that strictly
+    lowers the sum of squared deviations of the active brokers' scores.
+
+    Sources are the overloaded brokers, most loaded first; when none is overloaded (the
+    reference's own scale-out case), every broker above the mean. `lightest` follows the
+    reference (lightest eligible topic first, least disruption); `largest_gain` picks the
+    topic closest to half the gap, so a multi-move plan needs the fewest moves.
+    """
+    scores = active_scores(snapshot, strategy)
+    stats = measure(scores)
+    sources = sorted(stats.overloaded, key=lambda b: (-scores[b], b))
+    if not sources:
+        sources = sorted(
+            (b for b in scores if scores[b] > stats.mean), key=lambda b: (-scores[b], b)
+        )
+    if not sources:
+        return Search(None, None, "[no-source] no broker is above the mean")
+    before = sum_squared_deviations(scores)
+    notes = []
+    for source in sources:
+        targets = sorted((b for b in scores if b != source), key=lambda b: (scores[b], b))
+        if not targets:
+            notes.append(f"{source}: no active target")
+            continue
+        target = targets[0]
+        cands = movable_topics(snapshot, source, history, now, config)
+        topics = [(t, w) for t, w in cands.topics if t not in exclude_topics]
+        if not topics:
+            notes.append(f"{source}: no movable topic (excluded: {cands.explain_exclusions()})")
+            continue
+        gap = scores[source] - scores[target]
+        est = _estimated_weights(snapshot, source, [w for _, w in topics], scores[source])
+        order = list(range(len(topics)))
+        if prefer == "largest_gain":
+            order = [i for i in order if 0 < est[i] < gap] or order
+            order.sort(key=lambda i: (abs(est[i] - gap / 2), topics[i][0]))
+        tries = 1 if strategy in LINEAR and prefer == "lightest" else MAX_TRIES_PER_SOURCE
+        for i in order[:tries]:
+            topic = topics[i][0]
+            after = apply_move(snapshot, topic, source, target)
+            new_scores = active_scores(after, strategy)
+            if sum_squared_deviations(new_scores) < before * (1 - 1e-12) - 1e-12:
+                move = Move(
+                    topic=topic,
+                    from_broker=source,
+                    to_broker=target,
+                    reason=reason,
+                    estimated_load=scores[source] - new_scores[source],
+                    timestamp=now,
+                )
+                return Search(
+                    move,
+                    after,
+                    f"{topic}: {source} ({scores[source]:.2f}) → "
+                    f"{target} ({scores[target]:.2f}), est. load {move.estimated_load:.2f}",
+                )
+        t0, w0 = topics[order[0]][0], est[order[0]]
+        notes.append(
+            f"[no-regret] moving {t0} (w={w0:.2f}) from {source} ({scores[source]:.2f}) to "
+            f"{target} ({scores[target]:.2f}) does not reduce imbalance"
+        )
+    return Search(None, None, "; ".join(notes))
+
+
+def decide_rebalance(
+    snapshot: ClusterSnapshot,
+    history: MoveHistory,
+    now: float,
+    config: RebalancingConfig,
+    strategy: Strategy,
+    episode: bool = False,
+) -> Decision:
+    """Decide this cycle's move (at most one). Pass back the previous decision's `episode`."""
+    scores = active_scores(snapshot, strategy)
+    stats = measure(scores)
+    if not config.enabled:
+        return Decision("disabled", "rebalancing is disabled (rebalancing.enabled: false)", stats)
+    if len(scores) < config.min_brokers_for_rebalance:
+        return Decision(
+            "too-few-brokers",
+            f"{len(scores)} active broker(s), need {config.min_brokers_for_rebalance}",
+            stats,
+        )
+    if episode and stats.cv < config.target_cv:
+        return Decision(
+            "balanced", f"CV {stats.cv:.1%} is below target_cv {config.target_cv:.0%}; done", stats
+        )
+    if not episode and stats.cv <= config.cv_threshold:
+        return Decision(
+            "balanced",
+            f"CV {stats.cv:.1%} is within the threshold {config.cv_threshold:.0%} "
+            f"({config.aggressiveness.value})",
+            stats,
+        )
+    recent = len(history.in_window(now))
+    wait = history.next_rate_slot(now, config.max_moves_per_hour)
+    if wait > 0:
+        return Decision(
+            "rate-limit",
+            f"{recent} moves in the last hour (max {config.max_moves_per_hour}); "
+            f"next slot in {_duration(wait)}",
+            stats,
+            episode=True,
+        )
+    wait = history.cooldown_left(now, config.cooldown_seconds)
+    if wait > 0:
+        return Decision(
+            "cooldown", f"{_duration(wait)} left after the last move", stats, episode=True
+        )
+    found = find_move(snapshot, history, now, config, strategy)
+    if found.move is None:
+        return Decision("no-useful-move", f"CV {stats.cv:.1%}; {found.reason}", stats)
+    return Decision(
+        "move", f"CV {stats.cv:.1%}; {found.reason}", stats, found.move, True, found.after
+    )
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds >= 60:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{seconds:.0f}s"
