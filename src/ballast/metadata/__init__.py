@@ -1,0 +1,41 @@
+"""Cluster metadata: the `MetadataStore` contract, its implementations and the key layout."""
+
+from ballast.metadata.store import (
+    CompactedError,
+    Compare,
+    Delete,
+    KeyValue,
+    Lease,
+    LeaseNotFoundError,
+    Listing,
+    MetadataError,
+    MetadataStore,
+    MetadataUnavailableError,
+    OutcomeUnknownError,
+    Put,
+    TxnResult,
+    ValueDecodeError,
+    ValueEncodeError,
+    Watch,
+    WatchEvent,
+)
+
+__all__ = [
+    "CompactedError",
+    "Compare",
+    "Delete",
+    "KeyValue",
+    "Lease",
+    "LeaseNotFoundError",
+    "Listing",
+    "MetadataError",
+    "MetadataStore",
+    "MetadataUnavailableError",
+    "OutcomeUnknownError",
+    "Put",
+    "TxnResult",
+    "ValueDecodeError",
+    "ValueEncodeError",
+    "Watch",
+    "WatchEvent",
+]

@@ -1,0 +1,328 @@
+"""The key layout of the metadata store: the only place that spells key paths.
+
+Every function validates its inputs (topic names via `TopicName.parse`, broker ids via
+`validate_broker_id`), so a bad name raises a clear `ValueError` instead of producing a
+stray key. Parsers (`parse_*_key`) invert the builders and raise `KeyLayoutError` (a
+`ValueError`) naming the key when it does not fit the layout, so a watcher can log and skip
+a foreign key instead of crashing.
+
+| builder | key |
+|---|---|
+| `register(b)` | ``/cluster/register/{b}`` |
+| `broker_state(b)` | ``/cluster/brokers/{b}/state`` |
+| `broker_assignment(b, t)` | ``/cluster/brokers/{b}/{ns}/{topic}`` |
+| `unassigned(t)` | ``/cluster/unassigned/{ns}/{topic}`` |
+| `load(b)` | ``/cluster/load/{b}`` |
+| `LEADER` | ``/cluster/leader`` |
+| `LOAD_BALANCE` | ``/cluster/load_balance`` |
+| `rebalancing_history(ts, seq)` | ``/cluster/rebalancing_history/{ts_ms:015}-{seq:06}`` |
+| `topic_meta(t)` | ``/topics/{ns}/{topic}/meta`` |
+| `subscription_cursor(t, s)` | ``/topics/{ns}/{topic}/subscriptions/{s}/cursor`` |
+| `storage_object(t, start)` | ``/storage/topics/{ns}/{topic}/objects/{start:020}`` |
+| `storage_state(t)` | ``/storage/topics/{ns}/{topic}/state`` |
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from ballast.model import ModelError, TopicName, validate_broker_id
+
+__all__ = [
+    "BROKERS_PREFIX",
+    "CLUSTER_PREFIX",
+    "HISTORY_PREFIX",
+    "LEADER",
+    "LOAD_BALANCE",
+    "LOAD_PREFIX",
+    "REGISTER_PREFIX",
+    "STORAGE_PREFIX",
+    "TOPICS_PREFIX",
+    "UNASSIGNED_PREFIX",
+    "KeyLayoutError",
+    "TopicLike",
+    "broker_assignment",
+    "broker_assignments_prefix",
+    "broker_prefix",
+    "broker_state",
+    "load",
+    "parse_assignment_key",
+    "parse_broker_state_key",
+    "parse_history_key",
+    "parse_load_key",
+    "parse_register_key",
+    "parse_storage_object_key",
+    "parse_subscription_cursor_key",
+    "parse_unassigned_key",
+    "rebalancing_history",
+    "register",
+    "storage_object",
+    "storage_objects_prefix",
+    "storage_state",
+    "storage_topic_prefix",
+    "subscription_cursor",
+    "subscriptions_prefix",
+    "topic_meta",
+    "topic_prefix",
+    "unassigned",
+]
+
+TopicLike = TopicName | str
+
+CLUSTER_PREFIX = "/cluster/"
+REGISTER_PREFIX = "/cluster/register/"
+BROKERS_PREFIX = "/cluster/brokers/"
+UNASSIGNED_PREFIX = "/cluster/unassigned/"
+LOAD_PREFIX = "/cluster/load/"
+LEADER = "/cluster/leader"
+LOAD_BALANCE = "/cluster/load_balance"
+HISTORY_PREFIX = "/cluster/rebalancing_history/"
+TOPICS_PREFIX = "/topics/"
+STORAGE_PREFIX = "/storage/topics/"
+
+# Widths chosen so that lexicographic key order equals numeric order: 15 digits of
+# milliseconds reach year 33658; 20 digits hold any unsigned 64-bit offset.
+_HISTORY_TS_DIGITS = 15
+_HISTORY_SEQ_DIGITS = 6
+_OFFSET_DIGITS = 20
+_HISTORY_RE = re.compile(rf"^(\d{{{_HISTORY_TS_DIGITS}}})-(\d{{{_HISTORY_SEQ_DIGITS}}})$")
+_OFFSET_RE = re.compile(rf"^\d{{{_OFFSET_DIGITS}}}$")
+# Same alphabet as topic name parts: a subscription name becomes one path segment.
+_SUBSCRIPTION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+
+
+class KeyLayoutError(ValueError):
+    """A key that does not fit the layout the parser expects; the message names the key."""
+
+
+def _topic(topic: TopicLike) -> TopicName:
+    # TopicName.parse accepts a TopicName as-is and raises InvalidTopicName otherwise.
+    return TopicName.parse(topic)
+
+
+def _broker(broker_id: str) -> str:
+    return validate_broker_id(broker_id)
+
+
+def _subscription(subscription: str) -> str:
+    if not isinstance(subscription, str) or not _SUBSCRIPTION_RE.match(subscription):
+        raise ValueError(
+            f"invalid subscription name {subscription!r}: must be 1-128 characters of "
+            "letters, digits, '_', '.', '-' and start with a letter or digit"
+        )
+    return subscription
+
+
+def _segments(key: str, prefix: str, count: int, what: str) -> list[str]:
+    """Split the part of `key` after `prefix` into exactly `count` non-empty segments."""
+    if not isinstance(key, str) or not key.startswith(prefix):
+        raise KeyLayoutError(f"{key!r} is not {what} key: expected it to start with {prefix!r}")
+    parts = key[len(prefix) :].split("/")
+    if len(parts) != count or any(not p for p in parts):
+        raise KeyLayoutError(
+            f"{key!r} is not {what} key: expected {count} path segment(s) after {prefix!r}"
+        )
+    return parts
+
+
+def _parsed_topic(key: str, namespace: str, name: str, what: str) -> TopicName:
+    try:
+        return TopicName(namespace, name)
+    except ModelError as exc:
+        raise KeyLayoutError(f"{key!r} is not {what} key: {exc}") from exc
+
+
+def _parsed_broker(key: str, broker_id: str, what: str) -> str:
+    try:
+        return validate_broker_id(broker_id)
+    except ModelError as exc:
+        raise KeyLayoutError(f"{key!r} is not {what} key: {exc}") from exc
+
+
+# -- brokers ---------------------------------------------------------------------------
+
+
+def register(broker_id: str) -> str:
+    """Registration key of a broker (bound to the broker's lease)."""
+    return f"{REGISTER_PREFIX}{_broker(broker_id)}"
+
+
+def parse_register_key(key: str) -> str:
+    """Broker id of a registration key."""
+    (broker_id,) = _segments(key, REGISTER_PREFIX, 1, "a registration")
+    return _parsed_broker(key, broker_id, "a registration")
+
+
+def broker_prefix(broker_id: str) -> str:
+    """Prefix of everything stored under one broker (its state and its assignments)."""
+    return f"{BROKERS_PREFIX}{_broker(broker_id)}/"
+
+
+def broker_state(broker_id: str) -> str:
+    """State key of a broker (`{mode, reason}`)."""
+    return f"{broker_prefix(broker_id)}state"
+
+
+def parse_broker_state_key(key: str) -> str:
+    """Broker id of a broker-state key."""
+    broker_id, leaf = _segments(key, BROKERS_PREFIX, 2, "a broker-state")
+    if leaf != "state":
+        raise KeyLayoutError(f"{key!r} is not a broker-state key: expected it to end in /state")
+    return _parsed_broker(key, broker_id, "a broker-state")
+
+
+def broker_assignment(broker_id: str, topic: TopicLike) -> str:
+    """Assignment key: `topic` is owned by `broker_id`."""
+    t = _topic(topic)
+    return f"{broker_prefix(broker_id)}{t.namespace}/{t.name}"
+
+
+def broker_assignments_prefix(broker_id: str) -> str:
+    """Prefix of a broker's assignments.
+
+    It also covers the broker's state key (``…/{broker_id}/state``); use
+    `parse_assignment_key` to tell them apart (it rejects the state key).
+    """
+    return broker_prefix(broker_id)
+
+
+def parse_assignment_key(key: str) -> tuple[str, TopicName]:
+    """(broker id, topic) of an assignment key."""
+    broker_id, namespace, name = _segments(key, BROKERS_PREFIX, 3, "an assignment")
+    return (
+        _parsed_broker(key, broker_id, "an assignment"),
+        _parsed_topic(key, namespace, name, "an assignment"),
+    )
+
+
+def unassigned(topic: TopicLike) -> str:
+    """Unassigned-marker key of a topic."""
+    t = _topic(topic)
+    return f"{UNASSIGNED_PREFIX}{t.namespace}/{t.name}"
+
+
+def parse_unassigned_key(key: str) -> TopicName:
+    """Topic of an unassigned-marker key."""
+    namespace, name = _segments(key, UNASSIGNED_PREFIX, 2, "an unassigned-marker")
+    return _parsed_topic(key, namespace, name, "an unassigned-marker")
+
+
+def load(broker_id: str) -> str:
+    """Load-report key of a broker."""
+    return f"{LOAD_PREFIX}{_broker(broker_id)}"
+
+
+def parse_load_key(key: str) -> str:
+    """Broker id of a load-report key."""
+    (broker_id,) = _segments(key, LOAD_PREFIX, 1, "a load-report")
+    return _parsed_broker(key, broker_id, "a load-report")
+
+
+# -- rebalancing history -------------------------------------------------------------------
+
+
+def rebalancing_history(ts: float, seq: int) -> str:
+    """History key of a move made at `ts` (epoch seconds); `seq` orders moves in one ms.
+
+    Both parts are zero-padded so that keys sort by time, then by sequence.
+    """
+    if not isinstance(ts, int | float) or isinstance(ts, bool) or not math.isfinite(ts):
+        raise ValueError(f"invalid history timestamp {ts!r}: expected finite epoch seconds")
+    ts_ms = round(ts * 1000)
+    if not 0 <= ts_ms < 10**_HISTORY_TS_DIGITS:
+        raise ValueError(f"invalid history timestamp {ts!r}: must be >= 0 epoch seconds")
+    if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq < 10**_HISTORY_SEQ_DIGITS:
+        raise ValueError(
+            f"invalid history sequence {seq!r}: expected an integer in "
+            f"[0, {10**_HISTORY_SEQ_DIGITS})"
+        )
+    return f"{HISTORY_PREFIX}{ts_ms:0{_HISTORY_TS_DIGITS}d}-{seq:0{_HISTORY_SEQ_DIGITS}d}"
+
+
+def parse_history_key(key: str) -> tuple[float, int]:
+    """(epoch seconds, sequence) of a rebalancing-history key."""
+    (leaf,) = _segments(key, HISTORY_PREFIX, 1, "a rebalancing-history")
+    match = _HISTORY_RE.match(leaf)
+    if match is None:
+        raise KeyLayoutError(
+            f"{key!r} is not a rebalancing-history key: expected "
+            f"{{{_HISTORY_TS_DIGITS} digit ms}}-{{{_HISTORY_SEQ_DIGITS} digit seq}}"
+        )
+    return int(match.group(1)) / 1000.0, int(match.group(2))
+
+
+# -- topics --------------------------------------------------------------------------------
+
+
+def topic_prefix(topic: TopicLike) -> str:
+    """Prefix of everything stored about one topic (metadata, subscriptions)."""
+    t = _topic(topic)
+    return f"{TOPICS_PREFIX}{t.namespace}/{t.name}/"
+
+
+def topic_meta(topic: TopicLike) -> str:
+    """Metadata key of a topic."""
+    return f"{topic_prefix(topic)}meta"
+
+
+def subscriptions_prefix(topic: TopicLike) -> str:
+    """Prefix of a topic's subscriptions."""
+    return f"{topic_prefix(topic)}subscriptions/"
+
+
+def subscription_cursor(topic: TopicLike, subscription: str) -> str:
+    """Cursor key of a subscription on a topic."""
+    return f"{subscriptions_prefix(topic)}{_subscription(subscription)}/cursor"
+
+
+def parse_subscription_cursor_key(key: str) -> tuple[TopicName, str]:
+    """(topic, subscription) of a cursor key."""
+    what = "a subscription-cursor"
+    namespace, name, middle, sub, leaf = _segments(key, TOPICS_PREFIX, 5, what)
+    if middle != "subscriptions" or leaf != "cursor":
+        raise KeyLayoutError(
+            f"{key!r} is not {what} key: expected /topics/ns/topic/subscriptions/sub/cursor"
+        )
+    topic = _parsed_topic(key, namespace, name, what)
+    if not _SUBSCRIPTION_RE.match(sub):
+        raise KeyLayoutError(f"{key!r} is not {what} key: invalid subscription name {sub!r}")
+    return topic, sub
+
+
+# -- reliable-topic storage ----------------------------------------------------------------
+
+
+def storage_topic_prefix(topic: TopicLike) -> str:
+    """Prefix of a reliable topic's storage records (objects and sealed state)."""
+    t = _topic(topic)
+    return f"{STORAGE_PREFIX}{t.namespace}/{t.name}/"
+
+
+def storage_objects_prefix(topic: TopicLike) -> str:
+    """Prefix of a reliable topic's object descriptors (sorted by start offset)."""
+    return f"{storage_topic_prefix(topic)}objects/"
+
+
+def storage_object(topic: TopicLike, start: int) -> str:
+    """Descriptor key of the object whose first offset is `start` (20-digit, sortable)."""
+    if not isinstance(start, int) or isinstance(start, bool) or not 0 <= start < 10**20:
+        raise ValueError(f"invalid object start offset {start!r}: expected an integer >= 0")
+    return f"{storage_objects_prefix(topic)}{start:0{_OFFSET_DIGITS}d}"
+
+
+def parse_storage_object_key(key: str) -> tuple[TopicName, int]:
+    """(topic, start offset) of an object-descriptor key."""
+    what = "a storage-object"
+    namespace, name, middle, start = _segments(key, STORAGE_PREFIX, 4, what)
+    if middle != "objects" or not _OFFSET_RE.match(start):
+        raise KeyLayoutError(
+            f"{key!r} is not {what} key: expected /storage/topics/ns/topic/objects/"
+            f"{{{_OFFSET_DIGITS} digit offset}}"
+        )
+    return _parsed_topic(key, namespace, name, what), int(start)
+
+
+def storage_state(topic: TopicLike) -> str:
+    """Sealed-state key of a reliable topic."""
+    return f"{storage_topic_prefix(topic)}state"

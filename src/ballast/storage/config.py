@@ -1,0 +1,74 @@
+"""Tuning of the reliable-topic storage engine: one frozen value, validated on creation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = ["FsyncPolicy", "StorageConfig"]
+
+MiB = 1024 * 1024
+
+
+class FsyncPolicy(StrEnum):
+    """When the WAL forces its writes to stable storage.
+
+    - ``batch``: every group-commit batch is fsynced before its appends are acknowledged
+      (survives power loss).
+    - ``interval``: batches are written to the OS before acknowledgement (survive a
+      process crash) and fsynced every `fsync_interval_seconds`.
+    - ``never``: written to the OS before acknowledgement, fsynced only on seal/close.
+    """
+
+    BATCH = "batch"
+    INTERVAL = "interval"
+    NEVER = "never"
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """Every knob of the WAL, the uploader and the subscription cursors."""
+
+    fsync_policy: FsyncPolicy = FsyncPolicy.BATCH
+    fsync_interval_seconds: float = 1.0
+    segment_bytes: int = 64 * MiB
+    cache_messages: int = 8192
+    retention_seconds: float = 600.0
+    index_interval_bytes: int = 64 * 1024
+    read_batch_bytes: int = 1 * MiB
+    upload_interval_seconds: float = 30.0
+    upload_threshold_bytes: int = 8 * MiB
+    max_object_bytes: int = 16 * MiB
+    upload_retry_initial_seconds: float = 0.5
+    upload_retry_max_seconds: float = 30.0
+    cursor_flush_seconds: float = 5.0
+    cursor_flush_acks: int = 1000
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fsync_policy", FsyncPolicy(self.fsync_policy))
+        positive = {
+            "fsync_interval_seconds": self.fsync_interval_seconds,
+            "segment_bytes": self.segment_bytes,
+            "cache_messages": self.cache_messages,
+            "index_interval_bytes": self.index_interval_bytes,
+            "read_batch_bytes": self.read_batch_bytes,
+            "upload_interval_seconds": self.upload_interval_seconds,
+            "upload_threshold_bytes": self.upload_threshold_bytes,
+            "max_object_bytes": self.max_object_bytes,
+            "upload_retry_initial_seconds": self.upload_retry_initial_seconds,
+            "upload_retry_max_seconds": self.upload_retry_max_seconds,
+            "cursor_flush_seconds": self.cursor_flush_seconds,
+            "cursor_flush_acks": self.cursor_flush_acks,
+        }
+        for name, value in positive.items():
+            if not value > 0:
+                raise ValueError(f"storage config {name}: must be > 0, got {value!r}")
+        if self.retention_seconds < 0:
+            raise ValueError(
+                f"storage config retention_seconds: must be >= 0, got {self.retention_seconds!r}"
+            )
+        if self.upload_retry_max_seconds < self.upload_retry_initial_seconds:
+            raise ValueError(
+                "storage config upload_retry_max_seconds: must be >= "
+                f"upload_retry_initial_seconds ({self.upload_retry_initial_seconds})"
+            )

@@ -1,0 +1,44 @@
+"""Counters of the storage engine, shared by every topic of a broker and exported by it.
+
+The storage layer has no metrics dependency: the broker passes one `StorageStats` to every
+topic and publishes the numbers (Prometheus, logs). Counters only ever increase.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+__all__ = ["StorageStats"]
+
+
+@dataclass
+class StorageStats:
+    """Monotonic counters; mutable on purpose (it is an accumulator, not a value)."""
+
+    appended_records: int = 0
+    appended_bytes: int = 0
+    wal_batches: int = 0
+    wal_fsyncs: int = 0
+    wal_truncated_tails: int = 0
+    wal_truncated_bytes: int = 0
+    wal_dropped_segments: int = 0
+    wal_segments_deleted: int = 0
+    objects_uploaded: int = 0
+    bytes_uploaded: int = 0
+    upload_failures: int = 0
+    descriptors_skipped: int = 0
+    cursor_flushes: int = 0
+    reader_gaps: int = 0
+    opens_by_source: Counter[str] = field(default_factory=Counter)
+    seals: int = 0
+
+    def snapshot(self) -> dict[str, object]:
+        """A plain-dict copy for logging or JSON."""
+        data: dict[str, object] = {
+            name: getattr(self, name)
+            for name in self.__dataclass_fields__
+            if name != "opens_by_source"
+        }
+        data["opens_by_source"] = dict(self.opens_by_source)
+        return data

@@ -1,0 +1,693 @@
+"""The write-ahead log of one reliable topic.
+
+Segments are append-only files named after their first offset (``{offset:020}.wal``) and
+hold frames of the record codec. Appends get their offsets at once, in call order, and
+are written by one writer task in group commits: whatever accumulated while the previous
+batch was being written (and fsynced) becomes the next batch. An append returns only when
+its batch is as durable as the fsync policy promises; only then does the batch become
+visible to readers (a reader never sees a record that a crash could take back).
+
+On open the segments are scanned and every CRC verified; a torn or corrupt tail is
+truncated at the last good record (and later segments dropped), counted and logged, and
+the log resumes at the next offset. Closed segments are deleted once they are in object
+storage *and* older than the retention period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import logging
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from ballast.clock import Clock
+from ballast.storage.codec import (
+    Message,
+    Record,
+    RecordDecoder,
+    encode_record,
+    frame_size,
+)
+from ballast.storage.config import FsyncPolicy, StorageConfig
+from ballast.storage.stats import StorageStats
+
+__all__ = [
+    "OffsetUnavailableError",
+    "WalClosedError",
+    "WalError",
+    "WalRecovery",
+    "WriteAheadLog",
+]
+
+log = logging.getLogger(__name__)
+
+SEGMENT_SUFFIX = ".wal"
+_SCAN_CHUNK = 4 * 1024 * 1024
+# Below this size a batch is written on the event loop thread: a write to the page cache
+# is quicker than a hop to a worker thread.
+_INLINE_WRITE_BYTES = 256 * 1024
+
+
+class WalError(Exception):
+    """The WAL cannot do what was asked (I/O failure, bad state)."""
+
+
+class WalClosedError(WalError):
+    """The WAL is closed (or was never started): no more appends."""
+
+
+class OffsetUnavailableError(WalError):
+    """The offset is no longer in the WAL (retention removed it): read object storage."""
+
+
+@dataclass(frozen=True)
+class WalRecovery:
+    """What the scan on open found."""
+
+    first_offset: int | None
+    last_offset: int | None
+    segments: int
+    records: int
+    truncated_bytes: int
+    dropped_segments: int
+    corruption: str | None
+
+    @property
+    def clean(self) -> bool:
+        """True when nothing had to be truncated or dropped."""
+        return self.truncated_bytes == 0 and self.dropped_segments == 0
+
+
+class _Segment:
+    """Book-keeping of one segment file; `size` counts committed bytes only."""
+
+    __slots__ = ("base", "closed_at", "index_offsets", "index_positions", "last", "path", "size")
+
+    def __init__(self, path: Path, base: int) -> None:
+        self.path = path
+        self.base = base
+        self.last: int | None = None
+        self.size = 0
+        self.index_offsets: list[int] = []
+        self.index_positions: list[int] = []
+        self.closed_at: float | None = None
+
+    def note(self, offset: int, position: int, interval: int) -> None:
+        """Index `offset` at `position` if the previous index entry is far enough behind."""
+        if not self.index_positions or position - self.index_positions[-1] >= interval:
+            self.index_offsets.append(offset)
+            self.index_positions.append(position)
+
+    def position_for(self, offset: int) -> int:
+        i = bisect.bisect_right(self.index_offsets, offset) - 1
+        return self.index_positions[max(i, 0)]
+
+
+class _Batch:
+    """Appends waiting for the same group commit."""
+
+    __slots__ = ("frames", "future", "nbytes", "records")
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+        self.frames: list[bytes] = []
+        self.nbytes = 0
+        self.future: asyncio.Future[None] | None = None
+
+    def waiter(self) -> asyncio.Future[None]:
+        if self.future is None:
+            self.future = asyncio.get_running_loop().create_future()
+        return self.future
+
+    def resolve(self, exc: BaseException | None = None) -> None:
+        if self.future is None or self.future.done():
+            return
+        if exc is None:
+            self.future.set_result(None)
+        else:
+            self.future.set_exception(exc)
+            # Waiters may all have been cancelled; do not log "exception never retrieved".
+            self.future.exception()
+
+
+def _segment_name(base: int) -> str:
+    return f"{base:020d}{SEGMENT_SUFFIX}"
+
+
+def _write_all(fd: int, data: bytes, sync: bool) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+    if sync:
+        os.fsync(fd)
+
+
+def _pread(path: Path, position: int, length: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(position)
+        return f.read(length)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class WriteAheadLog:
+    """Append-only, CRC-checked, group-committed log of one topic in `directory`.
+
+    Lifecycle: `recover()` scans the files, `open(next_offset)` fixes where appends
+    continue, ``async with wal:`` runs the writer (and, for the interval policy, the fsync
+    ticker) in a task group; leaving the block writes and fsyncs what is pending.
+    """
+
+    def __init__(
+        self,
+        directory: Path | str,
+        *,
+        clock: Clock,
+        config: StorageConfig | None = None,
+        stats: StorageStats | None = None,
+        name: str = "wal",
+    ) -> None:
+        self.directory = Path(directory)
+        self.name = name
+        self._clock = clock
+        self._config = config or StorageConfig()
+        self._stats = stats or StorageStats()
+        self._segments: list[_Segment] = []
+        self._fd: int | None = None  # active segment, open for appending
+        self._recovered = False
+        self._opened = False
+        self._running = False
+        self._closing = False
+        self._closed = False
+        self._failure: BaseException | None = None
+        self._next_offset = 0
+        self._committed = -1  # last offset visible to readers (as durable as the policy)
+        self._dirty = False  # written but not fsynced
+        self._pending = _Batch()
+        self._inflight: _Batch | None = None
+        self._wake = asyncio.Event()
+        self._committed_event = asyncio.Event()
+        self._io_lock = asyncio.Lock()
+        self._cache: list[Record] = []
+        self._cache_start = 0
+        self._uploaded = -1
+        self._unuploaded_bytes = 0
+        self._upload_trigger: Callable[[], None] | None = None
+        self._task_group: asyncio.TaskGroup | None = None
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def next_offset(self) -> int:
+        """Offset the next append gets."""
+        return self._next_offset
+
+    @property
+    def committed_offset(self) -> int:
+        """Last offset acknowledged and visible to readers (-1 or initial-1 when empty)."""
+        return self._committed
+
+    @property
+    def first_offset(self) -> int:
+        """Lowest offset still held locally; equals `next_offset` when the WAL is empty."""
+        for segment in self._segments:
+            if segment.last is not None:
+                return segment.base
+        return self._committed + 1
+
+    @property
+    def closed(self) -> bool:
+        """True once the WAL stopped (readers waiting for new records are released)."""
+        return self._closed
+
+    @property
+    def segment_count(self) -> int:
+        """Number of segment files."""
+        return len(self._segments)
+
+    def set_upload_trigger(self, trigger: Callable[[], None]) -> None:
+        """Call `trigger` when `upload_threshold_bytes` are committed and not yet uploaded."""
+        self._upload_trigger = trigger
+
+    def mark_uploaded(self, offset: int, nbytes: int = 0) -> None:
+        """Everything up to `offset` is in object storage (enables retention)."""
+        if offset > self._uploaded:
+            self._uploaded = offset
+            self._unuploaded_bytes = max(0, self._unuploaded_bytes - nbytes)
+
+    # -- recovery --------------------------------------------------------------------------
+
+    async def recover(self) -> WalRecovery:
+        """Scan the segment files, verify every record and truncate a bad tail."""
+        if self._recovered:
+            raise WalError(f"{self.name}: already recovered")
+        recovery = await asyncio.to_thread(self._recover_sync)
+        self._recovered = True
+        if recovery.truncated_bytes or recovery.dropped_segments:
+            self._stats.wal_truncated_tails += 1
+            self._stats.wal_truncated_bytes += recovery.truncated_bytes
+            self._stats.wal_dropped_segments += recovery.dropped_segments
+            log.warning(
+                "%s: truncated %d bytes and dropped %d segment(s) after offset %s (%s)",
+                self.name,
+                recovery.truncated_bytes,
+                recovery.dropped_segments,
+                recovery.last_offset,
+                recovery.corruption,
+            )
+        return recovery
+
+    def _recover_sync(self) -> WalRecovery:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        files: list[tuple[int, Path]] = []
+        for path in self.directory.iterdir():
+            if path.suffix != SEGMENT_SUFFIX:
+                continue
+            try:
+                files.append((int(path.stem), path))
+            except ValueError:
+                log.warning("%s: ignoring stray file %s", self.name, path)
+        files.sort()
+        truncated = 0
+        dropped = 0
+        records = 0
+        corruption: str | None = None
+        expected: int | None = None
+        stop_at: int | None = None
+        interval = self._config.index_interval_bytes
+        for i, (base, path) in enumerate(files):
+            if stop_at is not None:
+                break
+            if expected is not None and base != expected:
+                corruption = f"segment {path.name} starts at {base}, expected {expected}"
+                stop_at = i
+                break
+            segment = _Segment(path, base)
+            decoder = RecordDecoder()
+            good_end = 0  # byte position after the last good, contiguous record
+            next_expected = base
+            bad: str | None = None
+            file_size = path.stat().st_size
+            with open(path, "rb") as f:
+                while bad is None:
+                    chunk = f.read(_SCAN_CHUNK)
+                    if not chunk:
+                        break
+                    result = decoder.feed(chunk)
+                    for record in result.records:
+                        if record.offset != next_expected:
+                            bad = f"offset {record.offset} where {next_expected} was expected"
+                            break
+                        segment.note(record.offset, good_end, interval)
+                        good_end += frame_size(record)
+                        segment.last = record.offset
+                        next_expected += 1
+                        records += 1
+                    if result.corruption is not None and bad is None:
+                        bad = f"{result.corruption.reason} at byte {result.corruption.position}"
+            if bad is None and good_end < file_size:
+                bad = f"torn record at byte {good_end} ({file_size - good_end} bytes)"
+            if bad is not None:
+                corruption = f"{path.name}: {bad}"
+                truncated += file_size - good_end
+                with open(path, "r+b") as f:
+                    f.truncate(good_end)
+                    os.fsync(f.fileno())
+                stop_at = i + 1
+            segment.size = good_end
+            if segment.last is None:
+                path.unlink()
+                if stop_at is None and i == len(files) - 1:
+                    break
+                if stop_at is None:
+                    # An empty segment in the middle cannot be: everything after is suspect.
+                    corruption = corruption or f"{path.name}: empty segment"
+                    stop_at = i + 1
+                continue
+            segment.closed_at = self._clock.now()
+            self._segments.append(segment)
+            expected = segment.last + 1
+        if stop_at is not None:
+            for _, path in files[stop_at:]:
+                if path.exists():
+                    truncated += path.stat().st_size
+                    path.unlink()
+                    dropped += 1
+        if (truncated or dropped) and files:
+            _fsync_dir(self.directory)
+        if self._segments:
+            self._segments[-1].closed_at = None  # the last one keeps taking appends
+        first = self._segments[0].base if self._segments else None
+        last = self._segments[-1].last if self._segments else None
+        return WalRecovery(
+            first, last, len(self._segments), records, truncated, dropped, corruption
+        )
+
+    async def discard(self) -> int:
+        """Delete every local segment (they are stale or already in object storage)."""
+        if self._opened:
+            raise WalError(f"{self.name}: cannot discard an open WAL")
+        count = len(self._segments)
+        for segment in self._segments:
+            with contextlib.suppress(FileNotFoundError):
+                await asyncio.to_thread(segment.path.unlink)
+        self._segments.clear()
+        return count
+
+    async def open(self, next_offset: int) -> None:
+        """Continue at `next_offset`; it must follow the recovered records exactly."""
+        if not self._recovered:
+            await self.recover()
+        if self._opened:
+            raise WalError(f"{self.name}: already open")
+        last = self._segments[-1].last if self._segments else None
+        if last is not None and next_offset != last + 1:
+            raise WalError(
+                f"{self.name}: local segments end at offset {last}, cannot continue at "
+                f"{next_offset}; discard() them first"
+            )
+        if next_offset < 0:
+            raise WalError(f"{self.name}: next offset must be >= 0, got {next_offset}")
+        self._next_offset = next_offset
+        self._committed = next_offset - 1
+        self._cache_start = next_offset
+        self._opened = True
+        if self._segments:
+            segment = self._segments[-1]
+            self._fd = os.open(segment.path, os.O_WRONLY | os.O_APPEND)
+
+    # -- service lifecycle -----------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        if not self._opened:
+            raise WalError(f"{self.name}: open() it before starting it")
+        if self._closed or self._running:
+            raise WalError(f"{self.name}: already started or closed")
+        self._task_group = asyncio.TaskGroup()
+        await self._task_group.__aenter__()
+        self._running = True
+        self._task_group.create_task(self._writer(), name=f"{self.name}/writer")
+        if self._config.fsync_policy is FsyncPolicy.INTERVAL:
+            self._task_group.create_task(self._fsync_ticker(), name=f"{self.name}/fsync")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        self._closing = True
+        self._wake.set()
+        assert self._task_group is not None
+        try:
+            return await self._task_group.__aexit__(exc_type, exc, tb)
+        finally:
+            self._running = False
+            await self._close_files()
+
+    async def _close_files(self) -> None:
+        async with self._io_lock:
+            fd, self._fd = self._fd, None
+            if fd is not None:
+                try:
+                    if self._dirty:
+                        await asyncio.to_thread(os.fsync, fd)
+                        self._stats.wal_fsyncs += 1
+                        self._dirty = False
+                finally:
+                    os.close(fd)
+        self._closed = True
+        failure = self._failure or WalClosedError(f"{self.name}: closed")
+        self._pending.resolve(failure)
+        self._notify()
+
+    async def destroy(self) -> None:
+        """Delete the WAL directory (after a seal: everything is in object storage)."""
+        if self._running:
+            raise WalError(f"{self.name}: stop the WAL before destroying it")
+        self._segments.clear()
+        self._cache.clear()
+        await asyncio.to_thread(shutil.rmtree, self.directory, True)
+
+    # -- appends ---------------------------------------------------------------------------
+
+    def _check_writable(self) -> None:
+        if self._failure is not None:
+            raise WalError(f"{self.name}: failed earlier: {self._failure}") from self._failure
+        if not self._running or self._closing:
+            raise WalClosedError(f"{self.name}: not accepting appends (closed or not started)")
+
+    def _enqueue(self, messages: Sequence[Message]) -> tuple[int, _Batch]:
+        self._check_writable()
+        now = self._clock.now()
+        first = self._next_offset
+        batch = self._pending
+        for i, message in enumerate(messages):
+            record = Record(first + i, now, message.payload, message.key, message.headers)
+            frame = encode_record(record)
+            batch.records.append(record)
+            batch.frames.append(frame)
+            batch.nbytes += len(frame)
+        self._next_offset = first + len(messages)
+        self._wake.set()
+        return first, batch
+
+    async def append(
+        self,
+        payload: bytes,
+        *,
+        key: bytes | None = None,
+        headers: tuple[tuple[str, bytes], ...] = (),
+    ) -> int:
+        """Append one message; returns its offset once it is durable per the policy."""
+        offset, batch = self._enqueue([Message(payload, key, headers)])
+        # Shielded: one cancelled producer must not fail the batch shared with others.
+        await asyncio.shield(batch.waiter())
+        return offset
+
+    async def append_batch(self, messages: Sequence[Message]) -> range:
+        """Append messages with consecutive offsets; returns them once durable."""
+        if not messages:
+            return range(self._next_offset, self._next_offset)
+        first, batch = self._enqueue(messages)
+        await asyncio.shield(batch.waiter())
+        return range(first, first + len(messages))
+
+    async def flush(self) -> int:
+        """Wait for every append so far and fsync; returns the last committed offset."""
+        while True:
+            if self._failure is not None:
+                raise WalError(f"{self.name}: failed: {self._failure}") from self._failure
+            batch = self._pending if self._pending.records else self._inflight
+            if batch is None:
+                break
+            if not self._running:
+                raise WalClosedError(f"{self.name}: appends pending but the writer is stopped")
+            await asyncio.shield(batch.waiter())
+        await self._sync()
+        return self._committed
+
+    async def _sync(self) -> None:
+        async with self._io_lock:
+            if self._dirty and self._fd is not None:
+                await asyncio.to_thread(os.fsync, self._fd)
+                self._stats.wal_fsyncs += 1
+                self._dirty = False
+
+    async def _writer(self) -> None:
+        """Group commit: write (and fsync) whatever accumulated, then acknowledge it."""
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while self._pending.records:
+                    batch, self._pending = self._pending, _Batch()
+                    self._inflight = batch
+                    try:
+                        await self._write(batch)
+                    except BaseException as exc:
+                        self._failure = exc
+                        batch.resolve(WalError(f"{self.name}: write failed: {exc}"))
+                        raise
+                    finally:
+                        self._inflight = None
+                    self._commit(batch)
+                if self._closing:
+                    return
+        finally:
+            if self._pending.records:
+                failure = self._failure or WalClosedError(f"{self.name}: writer stopped")
+                self._pending.resolve(failure)
+
+    async def _write(self, batch: _Batch) -> None:
+        sync = self._config.fsync_policy is FsyncPolicy.BATCH
+        data = b"".join(batch.frames)
+        async with self._io_lock:
+            active = self._segments[-1] if self._segments else None
+            if active is None or (
+                active.size >= self._config.segment_bytes and active.last is not None
+            ):
+                await self._roll(batch.records[0].offset)
+            assert self._fd is not None
+            if sync or len(data) > _INLINE_WRITE_BYTES:
+                await asyncio.to_thread(_write_all, self._fd, data, sync)
+            else:
+                _write_all(self._fd, data, False)
+            if sync:
+                self._stats.wal_fsyncs += 1
+            else:
+                self._dirty = True
+
+    async def _roll(self, base: int) -> None:
+        """Close the active segment (fsynced unless the policy is `never`), start a new one."""
+        policy = self._config.fsync_policy
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            if policy is not FsyncPolicy.NEVER and self._dirty:
+                await asyncio.to_thread(os.fsync, fd)
+                self._stats.wal_fsyncs += 1
+            self._dirty = False
+            os.close(fd)
+            self._segments[-1].closed_at = self._clock.now()
+        path = self.directory / _segment_name(base)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if policy is FsyncPolicy.BATCH:
+            # The new file's directory entry must be as durable as its records.
+            await asyncio.to_thread(_fsync_dir, self.directory)
+        self._segments.append(_Segment(path, base))
+
+    def _commit(self, batch: _Batch) -> None:
+        segment = self._segments[-1]
+        interval = self._config.index_interval_bytes
+        position = segment.size
+        for record, frame in zip(batch.records, batch.frames, strict=True):
+            segment.note(record.offset, position, interval)
+            position += len(frame)
+        segment.size = position
+        segment.last = batch.records[-1].offset
+        self._committed = segment.last
+        if not self._cache:
+            self._cache_start = batch.records[0].offset
+        self._cache.extend(batch.records)
+        overflow = len(self._cache) - self._config.cache_messages
+        if overflow > self._config.cache_messages:  # trim in bulk, not per batch
+            del self._cache[:overflow]
+            self._cache_start += overflow
+        self._stats.appended_records += len(batch.records)
+        self._stats.appended_bytes += sum(r.size for r in batch.records)
+        self._stats.wal_batches += 1
+        self._unuploaded_bytes += batch.nbytes
+        if (
+            self._upload_trigger is not None
+            and self._unuploaded_bytes >= self._config.upload_threshold_bytes
+        ):
+            self._upload_trigger()
+        batch.resolve()
+        self._notify()
+
+    def _notify(self) -> None:
+        event, self._committed_event = self._committed_event, asyncio.Event()
+        event.set()
+
+    async def _fsync_ticker(self) -> None:
+        interval = self._config.fsync_interval_seconds
+        while not self._closing:
+            await self._clock.sleep(interval)
+            await self._sync()
+
+    # -- reads -----------------------------------------------------------------------------
+
+    async def wait_for(self, offset: int) -> bool:
+        """Wait until `offset` is committed; False if the WAL closed first."""
+        while self._committed < offset:
+            if self._closed or self._failure is not None:
+                return False
+            await self._committed_event.wait()
+        return True
+
+    async def read(self, from_offset: int, max_records: int = 1024) -> list[Record]:
+        """Committed records from `from_offset` on (at most `max_records`); [] if none yet.
+
+        Raises `OffsetUnavailableError` if `from_offset` is below `first_offset`.
+        """
+        if from_offset > self._committed:
+            return []
+        if from_offset < self.first_offset:
+            raise OffsetUnavailableError(
+                f"{self.name}: offset {from_offset} is below the first local offset "
+                f"{self.first_offset}"
+            )
+        if self._cache and from_offset >= self._cache_start:
+            i = from_offset - self._cache_start
+            return self._cache[i : i + max_records]
+        starts = [s.base for s in self._segments]
+        i = bisect.bisect_right(starts, from_offset) - 1
+        if i < 0:
+            raise OffsetUnavailableError(f"{self.name}: offset {from_offset} not in any segment")
+        segment = self._segments[i]
+        limit = segment.size
+        position = segment.position_for(from_offset)
+        chunk = self._config.read_batch_bytes
+        while True:
+            length = min(chunk, limit - position)
+            try:
+                data = await asyncio.to_thread(_pread, segment.path, position, length)
+            except FileNotFoundError as exc:
+                raise OffsetUnavailableError(
+                    f"{self.name}: segment {segment.path.name} was removed"
+                ) from exc
+            result = RecordDecoder(position).feed(data)
+            if result.corruption is not None:
+                raise WalError(
+                    f"{self.name}: {segment.path.name} corrupt at byte "
+                    f"{result.corruption.position}: {result.corruption.reason}"
+                )
+            records = [
+                r for r in result.records if from_offset <= r.offset <= self._committed
+            ][:max_records]
+            if records or length >= limit - position:
+                return records
+            chunk *= 2  # a record larger than the chunk: read more
+
+    # -- retention -------------------------------------------------------------------------
+
+    async def apply_retention(self) -> int:
+        """Delete closed segments that are uploaded and older than the retention period."""
+        now = self._clock.now()
+        retention = self._config.retention_seconds
+        deleted = 0
+        async with self._io_lock:
+            # Only a prefix of segments goes, so the local range stays contiguous.
+            while len(self._segments) > 1:
+                segment = self._segments[0]
+                if segment.last is None or segment.last > self._uploaded:
+                    break
+                if segment.closed_at is None or now - segment.closed_at < retention:
+                    break
+                with contextlib.suppress(FileNotFoundError):
+                    await asyncio.to_thread(segment.path.unlink)
+                self._segments.pop(0)
+                deleted += 1
+        if deleted:
+            self._stats.wal_segments_deleted += deleted
+            first = self.first_offset
+            if self._cache and self._cache_start < first:
+                del self._cache[: first - self._cache_start]
+                self._cache_start = first
+            log.info("%s: retention deleted %d segment(s); first offset %d", self.name, deleted, first)
+        return deleted
