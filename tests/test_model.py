@@ -117,5 +117,5 @@ def test_malformed_reports_name_the_field(text: str, fragment: str) -> None:
 
 
 def test_marker_with_unknown_reason_lists_allowed_values() -> None:
-    with pytest.raises(ModelError, match="marker.reason: 'moved' is not one of: new, unload"):
+    with pytest.raises(ModelError, match=r"marker\.reason: 'moved' is not one of: new, unload"):
         UnassignedMarker.from_dict({"reason": "moved"})

@@ -151,7 +151,7 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return sorted(getattr(current, "model_fields", {}))
 
 
-def _explain(exc: ValidationError, root: type[BaseModel]) -> str:
+def explain_validation_error(exc: ValidationError, root: type[BaseModel]) -> str:
     lines = []
     for err in exc.errors():
         loc = tuple(err["loc"])
@@ -172,9 +172,9 @@ def parse_config(data: Any, source: str = "<config>") -> BallastConfig:
         raise ConfigError(f"{source}: expected a mapping at the top level")
     try:
         # YAML gives lists; strict mode wants tuples for the blacklist.
-        return BallastConfig.model_validate(_lists_to_tuples(data))
+        return BallastConfig.model_validate(lists_to_tuples(data))
     except ValidationError as exc:
-        raise ConfigError(f"{source}: {_explain(exc, BallastConfig)}") from None
+        raise ConfigError(f"{source}: {explain_validation_error(exc, BallastConfig)}") from None
 
 
 def load_config(path: str | Path | None) -> BallastConfig:
@@ -193,9 +193,9 @@ def load_config(path: str | Path | None) -> BallastConfig:
     return parse_config(data, str(p))
 
 
-def _lists_to_tuples(value: Any) -> Any:
+def lists_to_tuples(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _lists_to_tuples(v) for k, v in value.items()}
+        return {k: lists_to_tuples(v) for k, v in value.items()}
     if isinstance(value, list):
-        return tuple(_lists_to_tuples(v) for v in value)
+        return tuple(lists_to_tuples(v) for v in value)
     return value

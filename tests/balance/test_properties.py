@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -141,7 +143,7 @@ def test_rate_limit_holds_over_any_simulated_history(
     times = [m.timestamp for m in history.moves]
     for t in times:
         assert sum(1 for u in times if t <= u < t + 3600) <= c.max_moves_per_hour
-    assert all(b - a >= c.cooldown_seconds for a, b in zip(times, times[1:], strict=False))
+    assert all(b - a >= c.cooldown_seconds for a, b in pairwise(times))
 
 
 @settings(max_examples=50, deadline=None)
