@@ -1,5 +1,8 @@
 """Cluster metadata: the `MetadataStore` contract, its implementations and the key layout."""
 
+from ballast.metadata.etcd import EtcdStore
+from ballast.metadata.factory import open_store
+from ballast.metadata.memory import MemoryStore
 from ballast.metadata.store import (
     CompactedError,
     Compare,
@@ -24,10 +27,12 @@ __all__ = [
     "CompactedError",
     "Compare",
     "Delete",
+    "EtcdStore",
     "KeyValue",
     "Lease",
     "LeaseNotFoundError",
     "Listing",
+    "MemoryStore",
     "MetadataError",
     "MetadataStore",
     "MetadataUnavailableError",
@@ -38,4 +43,5 @@ __all__ = [
     "ValueEncodeError",
     "Watch",
     "WatchEvent",
+    "open_store",
 ]

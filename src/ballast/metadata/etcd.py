@@ -474,6 +474,7 @@ class EtcdStore:
 
     async def _list(self, prefix: str, start: bytes, end: bytes) -> Listing:
         items: list[KeyValue] = []
+        undecodable: list[ValueDecodeError] = []
         revision = 0  # 0: the first page reads the newest revision and pins it for the rest
         while True:
             request = rpc.RangeRequest(
@@ -491,9 +492,13 @@ class EtcdStore:
                 raise
             if revision == 0:
                 revision = resp.header.revision
-            items.extend(_key_value(kv) for kv in resp.kvs)
+            for kv in resp.kvs:
+                try:
+                    items.append(_key_value(kv))
+                except ValueDecodeError as exc:
+                    undecodable.append(exc)
             if not resp.more or not resp.kvs:
-                return Listing(items, revision)
+                return Listing(items, revision, undecodable)
             start = resp.kvs[-1].key + b"\x00"  # the smallest key after the last one read
 
     async def current_revision(self) -> int:
@@ -753,6 +758,7 @@ class EtcdStore:
 
         resp = await self._call(f"keep lease {lease_id} alive", invoke, retry_after_send=True)
         if resp is grpc.aio.EOF or resp.TTL <= 0:
+            self._leases.pop(lease_id, None)
             raise LeaseNotFoundError(lease_id)
 
     async def revoke_lease(self, lease_id: int) -> None:

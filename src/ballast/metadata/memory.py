@@ -101,6 +101,8 @@ class MemoryStore:
         self._log: list[_Event] = []
         self._watches: set[tuple[str, Watch]] = set()
         self._leases: dict[int, _LeaseState] = {}
+        # The Lease handles given out, so close/revoke can stop their keep-alive tasks.
+        self._handles: dict[int, Lease] = {}
         self._lease_ids = itertools.count(1)
         self._lease_changed = asyncio.Event()
         self._reaper: asyncio.Task[None] | None = None
@@ -123,8 +125,11 @@ class MemoryStore:
         await self.close()
 
     async def close(self) -> None:
-        """Stop the lease reaper and end every open watch. Idempotent."""
+        """Stop keep-alives and the lease reaper, end every open watch. Idempotent."""
         self._closed = True
+        for handle in list(self._handles.values()):
+            await handle.stop_keep_alive()
+        self._handles.clear()
         for _, watch in list(self._watches):
             watch.finish()
         self._watches.clear()
@@ -157,8 +162,14 @@ class MemoryStore:
         """Every key starting with `prefix`, sorted by key, at the current revision."""
         _codec.check_prefix(prefix)
         self._check_open()
-        items = [self._key_value(k, self._kvs[k]) for k in self._keys_with_prefix(prefix)]
-        return Listing(items, self._revision)
+        items: list[KeyValue] = []
+        undecodable: list[ValueDecodeError] = []
+        for key in self._keys_with_prefix(prefix):
+            try:
+                items.append(self._key_value(key, self._kvs[key]))
+            except ValueDecodeError as exc:
+                undecodable.append(exc)
+        return Listing(items, self._revision, undecodable)
 
     def _key_value(self, key: str, entry: _Entry) -> KeyValue:
         try:
@@ -388,21 +399,27 @@ class MemoryStore:
         self._lease_changed.set()
         if self._reaper is None or self._reaper.done():
             self._reaper = asyncio.create_task(self._reap(), name="metadata/memory-lease-reaper")
-        return Lease(
+        lease = Lease(
             lease_id, ttl, refresh=self.refresh_lease, revoke=self.revoke_lease, clock=self._clock
         )
+        self._handles[lease_id] = lease
+        return lease
 
     async def refresh_lease(self, lease_id: int) -> None:
         """Reset the lease's deadline to now + ttl; raises `LeaseNotFoundError` if gone."""
         self._check_open()
         state = self._leases.get(lease_id)
         if state is None:
+            self._handles.pop(lease_id, None)
             raise LeaseNotFoundError(lease_id)
         state.deadline = self._clock.now() + state.ttl
 
     async def revoke_lease(self, lease_id: int) -> None:
         """Revoke a lease and delete its keys at one revision (unknown ids are ignored)."""
         self._check_open()
+        handle = self._handles.pop(lease_id, None)
+        if handle is not None:
+            await handle.stop_keep_alive()
         self._revoke(lease_id)
 
     async def lease_time_to_live(self, lease_id: int) -> float | None:

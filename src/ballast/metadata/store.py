@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self, runtime_checkable
 
@@ -123,10 +123,15 @@ class TxnResult:
 
 @dataclass(frozen=True)
 class Listing:
-    """A consistent read of a prefix; watch from `revision + 1` to miss nothing after it."""
+    """A consistent read of a prefix; watch from `revision + 1` to miss nothing after it.
+
+    Keys whose values are not JSON are left out of `items` and reported in `undecodable`
+    (one `ValueDecodeError` each, naming the key), so one bad record never hides the rest.
+    """
 
     items: list[KeyValue]
     revision: int
+    undecodable: list[ValueDecodeError] = field(default_factory=list)
 
 
 class MetadataError(Exception):
@@ -448,7 +453,11 @@ class MetadataStore(Protocol):
         ...
 
     async def get_prefix(self, prefix: str) -> Listing:
-        """Every key starting with `prefix`, sorted by key, read at one revision."""
+        """Every key starting with `prefix`, sorted by key, read at one revision.
+
+        Values that are not JSON do not fail the listing: they are reported in
+        `Listing.undecodable`.
+        """
         ...
 
     async def put(self, key: str, value: Any, lease: int | None = None) -> int:

@@ -9,6 +9,7 @@ moves without a checkpoint file of its own.
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -102,19 +103,21 @@ class ObjectCatalog:
         """Highest offset in object storage, or None when empty."""
         return self.objects[-1].end if self.objects else None
 
+    @functools.cached_property
+    def _starts(self) -> list[int]:
+        return [d.start for d in self.objects]
+
     def find(self, offset: int) -> ObjectDescriptor | None:
         """The object holding `offset`, if any."""
-        i = bisect.bisect_right([d.start for d in self.objects], offset) - 1
+        i = bisect.bisect_right(self._starts, offset) - 1
         if i >= 0 and self.objects[i].contains(offset):
             return self.objects[i]
         return None
 
     def next_start_after(self, offset: int) -> int | None:
         """Start of the first object beginning after `offset` (to step over a hole)."""
-        for descriptor in self.objects:
-            if descriptor.start > offset:
-                return descriptor.start
-        return None
+        i = bisect.bisect_right(self._starts, offset)
+        return self._starts[i] if i < len(self._starts) else None
 
 
 async def load_catalog(
@@ -122,13 +125,19 @@ async def load_catalog(
 ) -> ObjectCatalog:
     """Read every descriptor of `topic`; malformed or overlapping ones are logged and skipped."""
     listing = await store.get_prefix(keys.storage_objects_prefix(topic))
+    for undecodable in listing.undecodable:
+        log.warning("storage %s: skipping descriptor: %s", topic, undecodable)
+        if stats is not None:
+            stats.descriptors_skipped += 1
     parsed: list[ObjectDescriptor] = []
     for item in listing.items:
         try:
             descriptor = ObjectDescriptor.from_dict(item.value, item.key)
             _, start = keys.parse_storage_object_key(item.key)
             if start != descriptor.start:
-                raise DescriptorError(f"{item.key}: key says start {start}, value {descriptor.start}")
+                raise DescriptorError(
+                    f"{item.key}: key says start {start}, value {descriptor.start}"
+                )
         except (DescriptorError, keys.KeyLayoutError) as exc:
             log.warning("storage %s: skipping descriptor: %s", topic, exc)
             if stats is not None:

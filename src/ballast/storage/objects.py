@@ -20,7 +20,7 @@ import asyncio
 import bisect
 import struct
 import zlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -246,7 +246,7 @@ class FsspecObjectStore:
         path = self._path(name)
         try:
             await asyncio.to_thread(self._put_sync, path, data)
-        except OSError as exc:
+        except Exception as exc:  # s3fs/botocore raise more than OSError
             raise ObjectStoreError(f"writing {name!r} to {self._url} failed: {exc}") from exc
 
     def _put_sync(self, path: str, data: bytes) -> None:
@@ -258,10 +258,11 @@ class FsspecObjectStore:
         """Read `name` whole or the byte range [start, end)."""
         path = self._path(name)
         try:
-            data = await asyncio.to_thread(self._fs.cat_file, path, start, end)
+            # Keywords: s3fs's cat_file takes a version id as its second positional argument.
+            data = await asyncio.to_thread(self._fs.cat_file, path, start=start, end=end)
         except FileNotFoundError as exc:
             raise ObjectNotFoundError(f"object {name!r} not found in {self._url}") from exc
-        except OSError as exc:
+        except Exception as exc:
             raise ObjectStoreError(f"reading {name!r} from {self._url} failed: {exc}") from exc
         return bytes(data)
 
@@ -272,7 +273,7 @@ class FsspecObjectStore:
             await asyncio.to_thread(self._fs.rm_file, path)
         except FileNotFoundError:
             return
-        except OSError as exc:
+        except Exception as exc:
             raise ObjectStoreError(f"deleting {name!r} from {self._url} failed: {exc}") from exc
 
 
@@ -283,7 +284,7 @@ async def read_object(
     from_offset: int,
     *,
     chunk_size: int = 1024 * 1024,
-) -> AsyncIterator[Record]:
+) -> AsyncGenerator[Record, None]:
     """Stream the records of object `name` (of `size` bytes) from `from_offset` on.
 
     Small objects are fetched in one request; large ones by footer, index, then the frames

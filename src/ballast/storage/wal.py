@@ -208,6 +208,7 @@ class WriteAheadLog:
         self._unuploaded_bytes = 0
         self._upload_trigger: Callable[[], None] | None = None
         self._task_group: asyncio.TaskGroup | None = None
+        self._ticker: asyncio.Task[None] | None = None
 
     # -- state ---------------------------------------------------------------------------
 
@@ -402,7 +403,9 @@ class WriteAheadLog:
         self._running = True
         self._task_group.create_task(self._writer(), name=f"{self.name}/writer")
         if self._config.fsync_policy is FsyncPolicy.INTERVAL:
-            self._task_group.create_task(self._fsync_ticker(), name=f"{self.name}/fsync")
+            self._ticker = self._task_group.create_task(
+                self._fsync_ticker(), name=f"{self.name}/fsync"
+            )
         return self
 
     async def __aexit__(
@@ -410,12 +413,15 @@ class WriteAheadLog:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool | None:
+    ) -> None:
         self._closing = True
         self._wake.set()
+        if self._ticker is not None:
+            # It sleeps on the injected clock, which may never move again: stop it outright.
+            self._ticker.cancel()
         assert self._task_group is not None
         try:
-            return await self._task_group.__aexit__(exc_type, exc, tb)
+            await self._task_group.__aexit__(exc_type, exc, tb)
         finally:
             self._running = False
             await self._close_files()
@@ -657,9 +663,9 @@ class WriteAheadLog:
                     f"{self.name}: {segment.path.name} corrupt at byte "
                     f"{result.corruption.position}: {result.corruption.reason}"
                 )
-            records = [
-                r for r in result.records if from_offset <= r.offset <= self._committed
-            ][:max_records]
+            records = [r for r in result.records if from_offset <= r.offset <= self._committed][
+                :max_records
+            ]
             if records or length >= limit - position:
                 return records
             chunk *= 2  # a record larger than the chunk: read more
@@ -689,5 +695,7 @@ class WriteAheadLog:
             if self._cache and self._cache_start < first:
                 del self._cache[: first - self._cache_start]
                 self._cache_start = first
-            log.info("%s: retention deleted %d segment(s); first offset %d", self.name, deleted, first)
+            log.info(
+                "%s: retention deleted %d segment(s); first offset %d", self.name, deleted, first
+            )
         return deleted

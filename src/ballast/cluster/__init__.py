@@ -1,0 +1,33 @@
+"""The control plane: brokers, leader election, the load manager, admin and metrics.
+
+Services own their asyncio tasks and receive their collaborators (store, clock, host,
+configuration) explicitly; every decision comes from `ballast.balance`.
+"""
+
+from ballast.cluster.admin import AdminClient, AdminError
+from ballast.cluster.broker import BrokerNode
+from ballast.cluster.cluster import BrokerProcess, LocalCluster, build_broker
+from ballast.cluster.election import FenceLost, LeaderElection, Term
+from ballast.cluster.host import SyntheticHost, TopicHost, TrafficProfile
+from ballast.cluster.load_manager import LeaderSession, LoadManager
+from ballast.cluster.metrics import ClusterMetrics
+from ballast.cluster.view import ClusterView
+
+__all__ = [
+    "AdminClient",
+    "AdminError",
+    "BrokerNode",
+    "BrokerProcess",
+    "ClusterMetrics",
+    "ClusterView",
+    "FenceLost",
+    "LeaderElection",
+    "LeaderSession",
+    "LoadManager",
+    "LocalCluster",
+    "SyntheticHost",
+    "Term",
+    "TopicHost",
+    "TrafficProfile",
+    "build_broker",
+]

@@ -1,0 +1,382 @@
+"""`BrokerNode`: one broker's side of the control plane.
+
+- Registers ``/cluster/register/{id}`` on a lease (TTL `broker.registration_ttl_seconds`)
+  and keeps it alive; sets its state to active at start.
+- Publishes a `LoadReport` every `load_report_interval_seconds`: resource usage from its
+  sampler (psutil by default) and per-topic traffic from its `TopicHost`. The report key is
+  bound to the same lease, so a dead broker's report vanishes with its registration.
+- Watches its own prefix ``/cluster/brokers/{id}/`` (its state and its assignments) and
+  makes the host match it: an assignment put loads the topic, a delete unloads it.
+- A delete caused by a move comes with a marker ``{from_broker: me, ready: false}``: the
+  broker unloads gracefully (the host seals the topic) and only then sets ``ready: true``,
+  which lets the leader assign the topic to its target.
+- While draining (or drained) it bounces assignments that still reach it: one transaction
+  deletes the assignment and writes a ``drain_redirect`` marker.
+- If its lease is lost it stops serving every topic at once (their new owners may already
+  be writing), registers again on a new lease and reloads whatever is still assigned to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import replace
+from typing import Any
+
+from ballast.clock import Clock
+from ballast.cluster.host import TopicHost
+from ballast.cluster.metrics import ClusterMetrics
+from ballast.cluster.records import Registration, parse_assignment_value
+from ballast.cluster.resources import PsutilSampler, ResourceSampler
+from ballast.cluster.service import Service, keep_alive, watching
+from ballast.config import BallastConfig
+from ballast.metadata import (
+    Compare,
+    Delete,
+    Lease,
+    Listing,
+    MetadataError,
+    MetadataStore,
+    Put,
+    ValueDecodeError,
+    WatchEvent,
+    keys,
+)
+from ballast.model import (
+    BrokerId,
+    BrokerMode,
+    BrokerState,
+    LoadReport,
+    MarkerReason,
+    ModelError,
+    UnassignedMarker,
+    validate_broker_id,
+)
+
+log = logging.getLogger(__name__)
+
+
+class BrokerNode(Service):
+    """Registration, load reports and the topics of one broker."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        clock: Clock,
+        host: TopicHost,
+        config: BallastConfig,
+        broker_id: BrokerId,
+        *,
+        sampler: ResourceSampler | None = None,
+        metrics: ClusterMetrics | None = None,
+        registration: Registration | None = None,
+        retry_delay: float = 0.5,
+    ) -> None:
+        super().__init__()
+        self.broker_id = validate_broker_id(broker_id)
+        self.name = f"broker/{broker_id}"
+        self.store = store
+        self.clock = clock
+        self.host = host
+        self.config = config
+        self.sampler: ResourceSampler = sampler if sampler is not None else PsutilSampler()
+        self.metrics = metrics if metrics is not None else ClusterMetrics(broker_id)
+        b = config.broker
+        self.registration = registration or Registration(
+            broker_url=b.broker_url,
+            admin_url=b.admin_url,
+            metrics_url=(
+                f"http://{config.metrics.host}:{config.metrics.port}/metrics"
+                if config.metrics.enabled
+                else ""
+            ),
+            rack=b.rack,
+            domain=b.domain,
+        )
+        self.retry_delay = retry_delay
+        self.lease: Lease | None = None
+        self.mode = BrokerMode.ACTIVE
+        self.serving: set[str] = set()
+        self.registered = asyncio.Event()
+        self.reports_published = 0
+        self._host_lock = asyncio.Lock()
+        self._resync = asyncio.Event()
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        await self._register()
+        await self.store.put(
+            keys.broker_state(self.broker_id), BrokerState(BrokerMode.ACTIVE, "started").to_dict()
+        )
+        await self._publish_report()
+        self.spawn(self._session_loop(), "session")
+        self.spawn(self._assignment_loop(), "assignments")
+        self.spawn(self._report_loop(), "load-report")
+
+    async def _stop(self) -> None:
+        """Graceful leave: seal every topic, then revoke the lease (the leader reassigns)."""
+        async with self._host_lock:
+            for topic in sorted(self.serving):
+                try:
+                    await self.host.unload(topic)
+                except Exception:
+                    log.exception("%s: unloading %s on shutdown failed", self.name, topic)
+            self.serving.clear()
+        lease, self.lease = self.lease, None
+        self.registered.clear()
+        if lease is not None:
+            try:
+                await self.store.revoke_lease(lease.id)
+            except MetadataError as exc:
+                log.warning("%s: revoke on shutdown failed (lease will expire): %s", self.name, exc)
+
+    # -- registration --------------------------------------------------------------------
+
+    async def _register(self) -> None:
+        lease = await self.store.grant_lease(self.config.broker.registration_ttl_seconds)
+        await self.store.put(keys.register(self.broker_id), self.registration.to_dict(), lease.id)
+        self.lease = lease
+        self.registered.set()
+        log.info("%s: registered (lease %d)", self.name, lease.id)
+
+    async def _session_loop(self) -> None:
+        while True:
+            lease = self.lease
+            if lease is not None:
+                await keep_alive(lease, self.clock, self.name)
+            # Lost: the leader may already be reassigning our topics; stop serving them now.
+            self.registered.clear()
+            self.lease = None
+            log.warning("%s: registration lost; dropping %d topics", self.name, len(self.serving))
+            async with self._host_lock:
+                for topic in sorted(self.serving):
+                    await self._unload(topic)
+            while self.lease is None:
+                try:
+                    await self._register()
+                except MetadataError as exc:
+                    log.warning("%s: re-registering failed, retrying: %s", self.name, exc)
+                    await self.clock.sleep(self.retry_delay)
+            self._resync.set()  # reload whatever is still assigned to us
+
+    # -- load reports --------------------------------------------------------------------
+
+    def build_report(self, now: float) -> LoadReport:
+        """This broker's load report at `now`."""
+        usage = self.sampler.sample()
+        topics = tuple(t for t in self.host.metrics() if t.topic in self.serving)
+        return LoadReport(
+            broker_id=self.broker_id,
+            timestamp=now,
+            cpu_percent=min(100.0, max(0.0, usage.cpu_percent)),
+            memory_percent=min(100.0, max(0.0, usage.memory_percent)),
+            disk_io_bps=max(0.0, usage.disk_io_bps),
+            network_io_bps=max(0.0, usage.network_io_bps),
+            topics=topics,
+        )
+
+    async def _publish_report(self) -> None:
+        lease = self.lease
+        if lease is None:
+            return
+        report = self.build_report(self.clock.now())
+        await self.store.put(keys.load(self.broker_id), report.to_dict(), lease.id)
+        self.reports_published += 1
+        self.metrics.observe_broker(
+            report.topic_count,
+            report.cpu_percent,
+            report.memory_percent,
+            report.total_throughput_mbps,
+        )
+
+    async def _report_loop(self) -> None:
+        interval = self.config.load_manager.load_report_interval_seconds
+        while True:
+            await self.clock.sleep(interval)
+            try:
+                await self._publish_report()
+            except MetadataError as exc:  # incl. a lost lease: the session loop handles it
+                log.warning("%s: publishing the load report failed: %s", self.name, exc)
+
+    # -- assignments ---------------------------------------------------------------------
+
+    async def _assignment_loop(self) -> None:
+        prefix = keys.broker_prefix(self.broker_id)
+        while True:
+            self._resync.clear()
+            try:
+                listing = await self.store.get_prefix(prefix)
+            except ValueDecodeError as exc:
+                self.metrics.reject("assignment")
+                log.error("%s: cannot list %s: %s", self.name, prefix, exc)
+                await self.clock.sleep(self.retry_delay)
+                continue
+            async with self._host_lock:
+                await self._reconcile(listing)
+            async with watching(self.store, prefix, listing.revision + 1) as watch:
+                resync = asyncio.ensure_future(self._resync.wait())
+                try:
+                    while not self._resync.is_set():
+                        event = await _next_or_none(watch, resync)
+                        if event is None or event.kind == "compacted":
+                            break
+                        async with self._host_lock:
+                            await self._on_event(event)
+                finally:
+                    resync.cancel()
+
+    async def _reconcile(self, listing: Listing) -> None:
+        """Make the host serve exactly the listed assignments (after start or resync)."""
+        assigned: dict[str, tuple[str, object, int]] = {}
+        for kv in listing.items:
+            if kv.key == keys.broker_state(self.broker_id):
+                self._set_mode(kv.value)
+                continue
+            try:
+                _, name = keys.parse_assignment_key(kv.key)
+            except ValueError:
+                continue
+            assigned[str(name)] = (kv.key, kv.value, kv.mod_revision)
+        for topic in sorted(self.serving - set(assigned)):
+            await self._on_unassigned(topic)
+        for topic, (key, value, revision) in sorted(assigned.items()):
+            await self._on_assigned(topic, key, value, revision)
+        await self._release_stale_markers()
+
+    async def _on_event(self, event: WatchEvent) -> None:
+        if event.key == keys.broker_state(self.broker_id):
+            if event.kind == "delete":
+                self.mode = BrokerMode.ACTIVE
+            elif event.kind == "put":
+                self._set_mode(event.value)
+            return
+        try:
+            _, topic_name = keys.parse_assignment_key(event.key)
+        except ValueError:
+            self.metrics.reject("key")
+            log.warning("%s: ignoring foreign key %r", self.name, event.key)
+            return
+        topic = str(topic_name)
+        if event.kind == "put":
+            await self._on_assigned(topic, event.key, event.value, event.revision)
+        elif event.kind == "delete":
+            await self._on_unassigned(topic)
+        elif event.kind == "error":
+            self.metrics.reject("assignment")
+            log.warning("%s: bad assignment value: %s", self.name, event.error)
+
+    def _set_mode(self, value: object) -> None:
+        try:
+            self.mode = BrokerState.from_dict(value).mode  # type: ignore[arg-type]
+        except ModelError as exc:
+            self.metrics.reject("broker_state")
+            log.warning("%s: bad state value, keeping %s: %s", self.name, self.mode, exc)
+
+    async def _on_assigned(self, topic: str, key: str, value: object, revision: int) -> None:
+        if topic in self.serving or not self.registered.is_set():
+            return
+        if self.mode is not BrokerMode.ACTIVE:
+            await self._bounce(topic, key, revision)
+            return
+        try:
+            _, marker = parse_assignment_value(value)
+        except ModelError as exc:
+            self.metrics.reject("assignment")
+            log.warning("%s: bad assignment of %s (loading anyway): %s", self.name, topic, exc)
+            marker = None
+        await self.host.load(topic, marker)
+        self.serving.add(topic)
+        self.metrics.assignments.labels(broker_id=self.broker_id, action="assign").inc()
+        log.debug("%s: loaded %s", self.name, topic)
+
+    async def _on_unassigned(self, topic: str) -> None:
+        await self._unload(topic)
+        await self._mark_ready(topic)
+
+    async def _unload(self, topic: str) -> None:
+        if topic not in self.serving:
+            return
+        self.serving.discard(topic)
+        await self.host.unload(topic)
+        self.metrics.assignments.labels(broker_id=self.broker_id, action="unassign").inc()
+        log.debug("%s: unloaded %s", self.name, topic)
+
+    async def _mark_ready(self, topic: str) -> None:
+        """Set ``ready: true`` on the topic's marker if it waits for us to seal it."""
+        key = keys.unassigned(topic)
+        for _ in range(10):
+            kv = await self.store.get(key)
+            if kv is None:
+                return
+            try:
+                marker = UnassignedMarker.from_dict(kv.value)
+            except ModelError as exc:
+                self.metrics.reject("marker")
+                log.warning("%s: bad marker for %s: %s", self.name, topic, exc)
+                return
+            if marker.from_broker != self.broker_id or marker.ready:
+                return
+            ready = replace(marker, ready=True).to_dict()
+            if await self.store.compare_and_swap(key, kv.mod_revision, ready):
+                log.debug("%s: %s sealed, marker ready", self.name, topic)
+                return
+        log.warning("%s: could not set the marker of %s ready (kept changing)", self.name, topic)
+
+    async def _release_stale_markers(self) -> None:
+        """Markers waiting for us to seal topics we no longer serve (e.g. after a restart)."""
+        listing = await _list_tolerant(self.store, keys.UNASSIGNED_PREFIX)
+        for kv in listing.items:
+            value = kv.value
+            if not isinstance(value, dict) or value.get("from_broker") != self.broker_id:
+                continue
+            if value.get("ready") is False:
+                try:
+                    topic = str(keys.parse_unassigned_key(kv.key))
+                except ValueError:
+                    continue
+                if topic not in self.serving:
+                    await self._mark_ready(topic)
+
+    async def _bounce(self, topic: str, key: str, revision: int) -> None:
+        """Send an assignment back: we are draining (one transaction, guarded)."""
+        marker = UnassignedMarker(
+            MarkerReason.DRAIN_REDIRECT,
+            from_broker=self.broker_id,
+            timestamp=self.clock.now(),
+            ready=True,
+        )
+        result = await self.store.txn(
+            [Compare.mod_revision_equals(key, revision), Compare.absent(keys.unassigned(topic))],
+            [Delete(key), Put(keys.unassigned(topic), marker.to_dict())],
+        )
+        if result.succeeded:
+            log.info("%s: %s is draining; bounced %s", self.name, self.mode.value, topic)
+
+
+async def _next_or_none(watch: object, stop: asyncio.Future[Any]) -> WatchEvent | None:
+    """The next watch event, or None when the watch ends or `stop` completes first."""
+    it = watch.__aiter__()  # type: ignore[attr-defined]
+    step = asyncio.ensure_future(it.__anext__())
+    try:
+        done, _ = await asyncio.wait({step, stop}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        step.cancel()
+        raise
+    if step in done:
+        try:
+            event: WatchEvent = step.result()
+        except StopAsyncIteration:
+            return None
+        return event
+    step.cancel()
+    return None
+
+
+async def _list_tolerant(store: MetadataStore, prefix: str) -> Listing:
+    """A listing; an undecodable value makes it empty rather than fatal (logged)."""
+    try:
+        return await store.get_prefix(prefix)
+    except ValueDecodeError as exc:
+        log.warning("listing %s failed on a bad value: %s", prefix, exc)
+        return Listing([], 0)

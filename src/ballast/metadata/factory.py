@@ -1,0 +1,52 @@
+"""`open_store`: pick the metadata store from configuration (embedded or etcd)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ballast.clock import Clock
+from ballast.metadata.etcd import EtcdStore
+from ballast.metadata.memory import MemoryStore
+from ballast.metadata.store import MetadataStore
+
+MEMORY_URLS = ("memory", "memory://")
+
+
+def open_store(
+    url_or_none: str | None = None,
+    clock: Clock | None = None,
+    *,
+    ca_cert: str | Path | None = None,
+    cert_key: str | Path | None = None,
+    cert_cert: str | Path | None = None,
+    username: str | None = None,
+    password: str | None = None,
+    timeout: float = 10.0,
+    **etcd_options: Any,
+) -> MetadataStore:
+    """The store a configuration names.
+
+    - None, ``"memory"`` or ``"memory://"``: an embedded `MemoryStore` on `clock`.
+    - ``"http://h:2379,http://h2:2379"`` (or https): an `EtcdStore` on those endpoints, with
+      the TLS / auth / timeout options passed through. etcd leases expire in real time, so
+      `clock` does not apply to it.
+    """
+    if url_or_none is None or url_or_none.strip().lower() in MEMORY_URLS:
+        return MemoryStore(clock)
+    url = url_or_none.strip()
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(
+            f"metadata store {url_or_none!r}: expected 'memory' or etcd endpoints like "
+            "'http://127.0.0.1:2379,http://10.0.0.2:2379'"
+        )
+    return EtcdStore(
+        url,
+        ca_cert=ca_cert,
+        cert_key=cert_key,
+        cert_cert=cert_cert,
+        username=username,
+        password=password,
+        timeout=timeout,
+        **etcd_options,
+    )

@@ -1,0 +1,495 @@
+"""`ballast analyze`: the whole job, from history files to tables, plan and report.
+
+Stages (each timed, and announced through `progress` for the console):
+
+1. stage      find the history files (copy them locally first for s3:// and the like);
+2. parse      read lines as text, parse and check them, and write the checked records
+              once as Parquet in `{out}/_staging` (JSON is parsed once; every later
+              stage reads columnar data);
+3. quarantine drop duplicates, write the quarantine (malformed, invalid, duplicate);
+4. brokers    broker windows: aggregates, Pulsar's smoothed usage, strategy scores;
+5. strategies CV, min, max, overloaded/underloaded brokers per window and strategy;
+6. topics     topic windows: rates, p95, backlog trend;
+7. plan       the latest assignment with p95 loads → `plan_rebalance` → plan.json;
+8. report     report.html with PNG charts;
+9. upload     for remote outputs, copy everything up through fsspec.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from ballast.balance.plan import plan_rebalance
+from ballast.balance.rankings import score_brokers
+from ballast.config import BallastConfig, Strategy
+from ballast.pipeline import ingest, report, snapshot, storage, transforms
+from ballast.pipeline.history import HISTORY_GLOB
+from ballast.pipeline.schemas import (
+    BROKER_WINDOWS_SCHEMA,
+    QUARANTINE_SCHEMA,
+    STRATEGY_COMPARISON_SCHEMA,
+    TOPIC_WINDOWS_SCHEMA,
+)
+
+STAGES = (
+    "stage",
+    "parse",
+    "quarantine",
+    "brokers",
+    "strategies",
+    "topics",
+    "plan",
+    "report",
+    "upload",
+)
+TABLES = ("broker_windows", "topic_windows", "strategy_comparison", "quarantine")
+TOP_TOPICS = 15
+
+
+class PipelineError(Exception):
+    """A problem with the job's input or options, explained for the user (no traceback)."""
+
+
+@dataclass(frozen=True)
+class AnalyzeOptions:
+    """What `ballast analyze` was asked to do."""
+
+    history: str
+    out: str
+    window_seconds: float = 300.0
+    horizon_seconds: float = 3600.0
+    stale_after_seconds: float | None = None  # default: the window, at least 90 s
+    strategy: Strategy | None = None  # default: the configuration's assignment strategy
+    config: BallastConfig = field(default_factory=BallastConfig)
+    max_moves: int | None = None
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    keep_staging: bool = False
+
+
+@dataclass(frozen=True)
+class AnalysisResult:
+    """What the job found and wrote; the CLI prints it as a summary table."""
+
+    files: int
+    records: int
+    reports: int
+    quarantined: dict[str, int]
+    brokers: tuple[str, ...]
+    topics: int
+    windows: int
+    start: float
+    end: float
+    strategies: list[dict[str, Any]]
+    plan: dict[str, Any]
+    outputs: dict[str, str]
+    warnings: tuple[str, ...]
+    timings: dict[str, float]
+
+
+def parse_duration(text: str) -> float:
+    """`30s`, `5m`, `1h`, `1d` or plain seconds → seconds (positive)."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+    value = text.strip().lower()
+    scale = units.get(value[-1:])
+    number = value[:-1] if scale else value
+    try:
+        seconds = float(number) * (scale or 1)
+    except ValueError:
+        raise PipelineError(
+            f"invalid duration {text!r}: use a number with s, m, h or d (e.g. 5m)"
+        ) from None
+    if not seconds > 0:
+        raise PipelineError(f"invalid duration {text!r}: must be positive")
+    return seconds
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, tz=UTC).isoformat().replace("+00:00", "Z")
+
+
+class _Stages:
+    """Times each stage and tells the caller which one is starting."""
+
+    def __init__(self, progress: Callable[[str], None] | None) -> None:
+        self.progress = progress
+        self.timings: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        if self.progress is not None:
+            self.progress(name)
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[name] = round(time.perf_counter() - started, 3)
+
+
+def _write(frame: DataFrame, path: str, order: list[str], single_file: bool) -> None:
+    """Write a table sorted by `order`; small tables as one file, readable anywhere."""
+    sorted_frame = (
+        frame.coalesce(1).sortWithinPartitions(*order) if single_file else frame.orderBy(*order)
+    )
+    sorted_frame.write.mode("overwrite").parquet(path)
+
+
+def _select(frame: DataFrame, schema: Any) -> DataFrame:
+    return transforms.conform(frame, [f.name for f in schema.fields])
+
+
+def _resolve_input(options: AnalyzeOptions, scratch: str) -> list[str]:
+    if storage.is_remote(options.history):
+        files = storage.stage_history(
+            options.history, os.path.join(scratch, "history"), options.storage_options
+        )
+    else:
+        root = storage.local_path(options.history)
+        if not os.path.isdir(root):
+            raise PipelineError(
+                f"history directory {options.history} does not exist: pass the directory the "
+                "history sink writes to (or create one with `ballast history generate`)"
+            )
+        files = storage.list_history_files(root)
+    if not files:
+        raise PipelineError(
+            f"no load history under {options.history}: expected files named "
+            f"{options.history.rstrip('/')}/{HISTORY_GLOB} (date=YYYY-MM-DD/hour=HH, UTC); "
+            "is the history sink enabled, or try `ballast history generate`"
+        )
+    return files
+
+
+def _quarantine_summary(spark: SparkSession, path: str) -> list[dict[str, Any]]:
+    rows = (
+        spark.read.parquet(path)
+        .groupBy("kind")
+        .agg(F.count(F.lit(1)).alias("records"), F.min("reason").alias("example"))
+        .orderBy("kind")
+        .collect()
+    )
+    return [row.asDict() for row in rows]
+
+
+def _top_topics(topic_windows: DataFrame) -> pd.DataFrame:
+    weighted = F.col("byte_rate_mean") * F.col("samples")
+    top = (
+        topic_windows.groupBy("topic")
+        .agg(
+            (F.sum(weighted) / F.sum("samples") / 1e6).alias("mbps_mean"),
+            (F.percentile(F.col("byte_rate_mean"), 0.95) / 1e6).alias("mbps_p95"),
+            (
+                F.max_by("backlog_last", "window_start") - F.min_by("backlog_first", "window_start")
+            ).alias("backlog_change"),
+        )
+        .orderBy(F.col("mbps_mean").desc(), F.col("topic"))
+        .limit(TOP_TOPICS)
+    )
+    return top.toPandas()
+
+
+def _strategy_summary(comparison: pd.DataFrame) -> list[dict[str, Any]]:
+    summary = []
+    for strategy in Strategy:
+        rows = comparison[comparison["strategy"] == strategy.value].sort_values("window_start")
+        if rows.empty:
+            continue
+        summary.append(
+            {
+                "strategy": strategy.value,
+                "mean_cv": float(rows["cv"].mean()),
+                "max_cv": float(rows["cv"].max()),
+                "last_cv": float(rows["cv"].iloc[-1]),
+                "windows_above_threshold": int(rows["above_threshold"].sum()),
+                "windows": len(rows),
+            }
+        )
+    return summary
+
+
+def run_analysis(
+    spark: SparkSession,
+    options: AnalyzeOptions,
+    progress: Callable[[str], None] | None = None,
+) -> AnalysisResult:
+    """Run the whole job; raise `PipelineError` (with what to do) for unusable input."""
+    stage = _Stages(progress)
+    window = float(options.window_seconds)
+    horizon = max(float(options.horizon_seconds), window)
+    stale_after = options.stale_after_seconds or max(window, 90.0)
+    strategy = options.strategy or options.config.load_manager.assignment_strategy
+    rules = options.config.load_manager.rebalancing
+    remote_out = storage.is_remote(options.out)
+    scratch = tempfile.mkdtemp(prefix="ballast-analyze-")
+    out = (
+        os.path.join(scratch, "out")
+        if remote_out
+        else os.path.abspath(storage.local_path(options.out))
+    )
+    os.makedirs(out, exist_ok=True)
+    paths = {name: os.path.join(out, name) for name in TABLES}
+    staging = os.path.join(out, "_staging", "checked")
+    warnings: list[str] = []
+    try:
+        with stage("stage"):
+            files = _resolve_input(options, scratch)
+
+        with stage("parse"):
+            lines = ingest.read_history_lines(spark, files)
+            lines.transform(ingest.with_parsed_reports).transform(
+                ingest.checked_records
+            ).write.mode("overwrite").parquet(staging)
+            checked = spark.read.parquet(staging)
+            by_kind = {
+                row["kind"]: row["count"] for row in checked.groupBy("kind").count().collect()
+            }
+        records = sum(by_kind.values())
+        if records == 0:
+            raise PipelineError(
+                f"the {len(files)} history file(s) under {options.history} hold no records "
+                "(every line is blank): nothing to analyse yet"
+            )
+
+        with stage("quarantine"):
+            valid = ingest.valid_records(checked)
+            reports = ingest.deduplicated(valid)
+            quarantine = ingest.invalid_records(checked).unionByName(
+                ingest.duplicate_records(valid)
+            )
+            _write(
+                _select(quarantine, QUARANTINE_SCHEMA),
+                paths["quarantine"],
+                ["source", "kind", "timestamp", "raw"],
+                True,
+            )
+            quarantine_summary = _quarantine_summary(spark, paths["quarantine"])
+        quarantined = {row["kind"]: int(row["records"]) for row in quarantine_summary}
+        if by_kind.get(None, 0) == 0:
+            first = quarantine_summary[0]["example"] if quarantine_summary else ""
+            raise PipelineError(
+                f"none of the {records} records under {options.history} is a valid load report; "
+                f"see {options.out.rstrip('/')}/quarantine for every reason (e.g. {first})"
+            )
+
+        with stage("brokers"):
+            defaults = reports.transform(ingest_defaults)
+            broker_rows = defaults.transform(transforms.explode_brokers)
+            windows_pdf = (
+                broker_rows.transform(transforms.with_window, window)
+                .transform(transforms.broker_window_report)
+                .toPandas()
+            )
+            windows_pdf = transforms.add_usage_ewma(windows_pdf)
+            unscored_schema = T.StructType(
+                [f for f in BROKER_WINDOWS_SCHEMA.fields if not f.name.startswith("score_")]
+            )
+            unscored = spark.createDataFrame(
+                windows_pdf[unscored_schema.fieldNames()], schema=unscored_schema
+            )
+            scored = _select(
+                unscored.transform(transforms.with_strategy_scores), BROKER_WINDOWS_SCHEMA
+            ).cache()
+            _write(scored, paths["broker_windows"], ["window_start", "broker_id"], True)
+            brokers_pdf: pd.DataFrame = scored.toPandas()
+
+        with stage("strategies"):
+            comparison = scored.transform(transforms.strategy_scores_long).transform(
+                transforms.strategy_comparison_report, rules.cv_threshold
+            )
+            _write(
+                _select(comparison, STRATEGY_COMPARISON_SCHEMA),
+                paths["strategy_comparison"],
+                ["window_start", "strategy"],
+                True,
+            )
+            comparison_pdf = spark.read.parquet(paths["strategy_comparison"]).toPandas()
+
+        with stage("topics"):
+            topic_windows = (
+                defaults.transform(transforms.explode_topics)
+                .transform(transforms.with_window, window)
+                .transform(transforms.topic_window_report)
+            )
+            _write(
+                _select(topic_windows, TOPIC_WINDOWS_SCHEMA),
+                paths["topic_windows"],
+                ["window_start", "topic"],
+                False,
+            )
+            written_topics = spark.read.parquet(paths["topic_windows"])
+            topic_count = written_topics.select("topic").distinct().count()
+            top_topics = _top_topics(written_topics)
+
+        with stage("plan"):
+            latest = [
+                r.asDict() for r in snapshot.latest_report_rows(broker_rows, defaults).collect()
+            ]
+            now = max(r["timestamp"] for r in latest)
+            since = now - horizon
+            parts = snapshot.SnapshotParts(
+                latest=latest,
+                broker_p95=[
+                    r.asDict() for r in snapshot.broker_p95_report(broker_rows, since).collect()
+                ],
+                topic_p95=[
+                    r.asDict()
+                    for r in snapshot.topic_p95_report(
+                        defaults.transform(transforms.explode_topics), since
+                    ).collect()
+                ],
+            )
+            built = snapshot.build_snapshot(parts, stale_after)
+            plan = plan_rebalance(built.snapshot, rules, strategy, built.now, options.max_moves)
+            plan_doc = _plan_document(
+                options, built, plan.to_dict(), strategy, window, horizon, stale_after
+            )
+            plan_path = os.path.join(out, "plan.json")
+            with open(plan_path, "w", encoding="utf-8") as handle:
+                json.dump(plan_doc, handle, indent=2)
+
+        all_brokers = tuple(sorted(brokers_pdf["broker_id"].unique()))
+        start = float(brokers_pdf["window_start"].min().timestamp())
+        if len(all_brokers) == 1:
+            warnings.append(
+                f"the history has only one broker ({all_brokers[0]}): CV is 0 by definition "
+                "and there is nothing to rebalance; add brokers' histories to compare strategies"
+            )
+        for broker, last in built.departed.items():
+            warnings.append(
+                f"broker {broker} stopped reporting at {_iso(last)}: left out of the plan"
+            )
+        if quarantined:
+            total = sum(quarantined.values())
+            kinds = ", ".join(f"{k}: {v}" for k, v in quarantined.items())
+            warnings.append(
+                f"{total} record(s) quarantined ({kinds}): see {options.out.rstrip('/')}/quarantine"
+            )
+
+        strategies = _strategy_summary(comparison_pdf)
+        with stage("report"):
+            summary = {
+                "history": options.history,
+                "period": f"{_iso(start)} → {_iso(built.now)}",
+                "window": f"{window:g} s",
+                "records read": records,
+                "valid reports": by_kind.get(None, 0) - quarantined.get("duplicate", 0),
+                "quarantined": sum(quarantined.values()),
+                "brokers": ", ".join(all_brokers),
+                "topics": topic_count,
+                "plan": f"{len(plan.moves)} move(s), strategy {strategy.value}",
+            }
+            heat_metric = transforms.SCORE_COLUMNS[strategy]
+            report_path = report.write_report(
+                out,
+                summary,
+                comparison_pdf,
+                brokers_pdf,
+                top_topics,
+                plan_doc,
+                quarantine_summary,
+                rules.cv_threshold,
+                heat_metric,
+            )
+
+        if not options.keep_staging:
+            shutil.rmtree(os.path.join(out, "_staging"), ignore_errors=True)
+        outputs = {**paths, "plan": plan_path, "report": report_path}
+        if remote_out:
+            with stage("upload"):
+                target = options.out.rstrip("/")
+                for name in (*TABLES, "charts"):
+                    storage.remove_tree(f"{target}/{name}", options.storage_options)
+                storage.upload_tree(out, target, options.storage_options)
+            outputs = {name: f"{target}/{os.path.relpath(p, out)}" for name, p in outputs.items()}
+        return AnalysisResult(
+            files=len(files),
+            records=records,
+            reports=by_kind.get(None, 0) - quarantined.get("duplicate", 0),
+            quarantined=quarantined,
+            brokers=all_brokers,
+            topics=topic_count,
+            windows=int(brokers_pdf["window_start"].nunique()),
+            start=start,
+            end=built.now,
+            strategies=strategies,
+            plan=plan_doc,
+            outputs=outputs,
+            warnings=tuple(warnings),
+            timings=stage.timings,
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def ingest_defaults(reports: DataFrame) -> DataFrame:
+    """The deduplicated reports with the model's defaults filled in."""
+    return reports.transform(transforms.with_report_defaults)
+
+
+def _plan_document(
+    options: AnalyzeOptions,
+    built: snapshot.BuiltSnapshot,
+    plan: dict[str, Any],
+    strategy: Strategy,
+    window: float,
+    horizon: float,
+    stale_after: float,
+) -> dict[str, Any]:
+    """plan.json: the plan plus everything needed to review it."""
+    snap = built.snapshot
+    scores = {s.value: score_brokers(snap, s) for s in Strategy}
+    rules = options.config.load_manager.rebalancing
+    return {
+        "version": 1,
+        "history": options.history,
+        "now": built.now,
+        "now_utc": _iso(built.now),
+        "strategy": strategy.value,
+        "inputs": {
+            "loads": f"p95 over the last {horizon:g} s of history, per topic and per broker",
+            "window_seconds": window,
+            "horizon_seconds": horizon,
+            "stale_after_seconds": stale_after,
+        },
+        "rules": {
+            "target_cv": rules.target_cv,
+            "cv_threshold": rules.cv_threshold,
+            "min_topic_age_seconds": rules.min_topic_age_seconds,
+            "blacklist_topics": list(rules.blacklist_topics),
+            "max_moves": options.max_moves,
+            "brokers": "only active brokers send or receive topics",
+        },
+        "plan": plan,
+        "brokers": [
+            {
+                "broker_id": b,
+                "state": snap.state(b).mode.value,
+                "last_report": snap.reports[b].timestamp,
+                "topics": len(snap.topics_of(b)),
+                "scores": {name: values[b] for name, values in scores.items()},
+            }
+            for b in snap.brokers
+        ],
+        "departed_brokers": [
+            {"broker_id": b, "last_report": t, "last_report_utc": _iso(t)}
+            for b, t in built.departed.items()
+        ],
+        "apply": (
+            "Review, then apply the moves in order: unload each topic from from_broker with "
+            "to_broker as the target (the admin rebalance/unload commands); re-run the "
+            "analysis on fresh history before applying an old plan."
+        ),
+    }

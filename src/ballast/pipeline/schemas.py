@@ -1,0 +1,147 @@
+"""Every schema the pipeline reads or writes, stated once (never inferred).
+
+`REPORT_SCHEMA` is the load-history line (`LoadReport.to_dict()` plus optional `state`);
+`CORRUPT_COLUMN` receives the raw line when it is not valid JSON or a value has the wrong
+type. `LENIENT_REPORT_SCHEMA` reads the same fields as strings: comparing it with the
+typed parse tells which field had the wrong type. The derived totals in the file
+(`topic_count`, `total_*`) are not read: the pipeline recomputes them from the topics, as
+`LoadReport.from_dict` does. Unknown fields are ignored.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import types as T
+
+CORRUPT_COLUMN = "_corrupt_record"
+
+TOPIC_LOAD_SCHEMA = T.StructType(
+    [
+        T.StructField("topic", T.StringType()),
+        T.StructField("msg_rate", T.DoubleType()),
+        T.StructField("byte_rate", T.DoubleType()),
+        T.StructField("producers", T.LongType()),
+        T.StructField("consumers", T.LongType()),
+        T.StructField("subscriptions", T.LongType()),
+        T.StructField("backlog", T.LongType()),
+    ]
+)
+
+# Numeric fields of a report and of a topic, in the order their checks are reported.
+REPORT_NUMBER_FIELDS = (
+    "timestamp",
+    "cpu_percent",
+    "memory_percent",
+    "disk_io_bps",
+    "network_io_bps",
+)
+TOPIC_NUMBER_FIELDS = ("msg_rate", "byte_rate")
+TOPIC_COUNT_FIELDS = ("producers", "consumers", "subscriptions", "backlog")
+
+REPORT_SCHEMA = T.StructType(
+    [
+        T.StructField("broker_id", T.StringType()),
+        *(T.StructField(name, T.DoubleType()) for name in REPORT_NUMBER_FIELDS),
+        T.StructField("state", T.StringType()),
+        T.StructField("topics", T.ArrayType(TOPIC_LOAD_SCHEMA)),
+        T.StructField(CORRUPT_COLUMN, T.StringType()),
+    ]
+)
+
+# The same fields, every value read as its JSON text: only used to explain a bad line.
+LENIENT_TOPIC_SCHEMA = T.StructType(
+    [T.StructField(f.name, T.StringType()) for f in TOPIC_LOAD_SCHEMA]
+)
+LENIENT_REPORT_SCHEMA = T.StructType(
+    [
+        T.StructField("broker_id", T.StringType()),
+        *(T.StructField(name, T.StringType()) for name in REPORT_NUMBER_FIELDS),
+        T.StructField("topics", T.StringType()),
+    ]
+)
+LENIENT_TOPICS_SCHEMA = T.ArrayType(LENIENT_TOPIC_SCHEMA)
+
+# --- output tables ----------------------------------------------------------------------
+
+QUARANTINE_SCHEMA = T.StructType(
+    [
+        T.StructField("source", T.StringType()),
+        T.StructField("kind", T.StringType()),  # malformed | invalid | duplicate
+        T.StructField("reason", T.StringType()),
+        T.StructField("broker_id", T.StringType()),
+        T.StructField("timestamp", T.DoubleType()),
+        T.StructField("raw", T.StringType()),
+    ]
+)
+
+_STATS = ("mean", "p95", "max")
+
+BROKER_WINDOWS_SCHEMA = T.StructType(
+    [
+        T.StructField("window_start", T.TimestampType()),
+        T.StructField("window_end", T.TimestampType()),
+        T.StructField("broker_id", T.StringType()),
+        T.StructField("state", T.StringType()),
+        T.StructField("samples", T.LongType()),
+        *(
+            T.StructField(f"{metric}_{stat}", T.DoubleType())
+            for metric in ("cpu_percent", "memory_percent", "throughput_mbps", "topic_count")
+            for stat in _STATS
+        ),
+        T.StructField("disk_io_bps_mean", T.DoubleType()),
+        T.StructField("network_io_bps_mean", T.DoubleType()),
+        T.StructField("msg_rate_mean", T.DoubleType()),
+        T.StructField("backlog_mean", T.DoubleType()),
+        T.StructField("connections_mean", T.DoubleType()),
+        T.StructField("weighted_topic_load_mean", T.DoubleType()),
+        T.StructField("usage_mean", T.DoubleType()),
+        T.StructField("usage_ewma", T.DoubleType()),
+        T.StructField("score_fair", T.DoubleType()),
+        T.StructField("score_balanced", T.DoubleType()),
+        T.StructField("score_weighted_load", T.DoubleType()),
+    ]
+)
+
+TOPIC_WINDOWS_SCHEMA = T.StructType(
+    [
+        T.StructField("window_start", T.TimestampType()),
+        T.StructField("window_end", T.TimestampType()),
+        T.StructField("topic", T.StringType()),
+        T.StructField("broker_id", T.StringType()),
+        T.StructField("samples", T.LongType()),
+        T.StructField("msg_rate_mean", T.DoubleType()),
+        T.StructField("msg_rate_p95", T.DoubleType()),
+        T.StructField("byte_rate_mean", T.DoubleType()),
+        T.StructField("byte_rate_p95", T.DoubleType()),
+        T.StructField("connections_mean", T.DoubleType()),
+        T.StructField("load_score_mean", T.DoubleType()),
+        T.StructField("load_score_p95", T.DoubleType()),
+        T.StructField("backlog_first", T.LongType()),
+        T.StructField("backlog_last", T.LongType()),
+        T.StructField("backlog_delta", T.LongType()),
+        T.StructField("backlog_slope", T.DoubleType()),  # per second; null for one sample
+    ]
+)
+
+STRATEGY_COMPARISON_SCHEMA = T.StructType(
+    [
+        T.StructField("window_start", T.TimestampType()),
+        T.StructField("window_end", T.TimestampType()),
+        T.StructField("strategy", T.StringType()),
+        T.StructField("brokers", T.LongType()),
+        T.StructField("mean", T.DoubleType()),
+        T.StructField("std", T.DoubleType()),
+        T.StructField("cv", T.DoubleType()),
+        T.StructField("min", T.DoubleType()),
+        T.StructField("max", T.DoubleType()),
+        T.StructField("overloaded", T.ArrayType(T.StringType())),
+        T.StructField("underloaded", T.ArrayType(T.StringType())),
+        T.StructField("above_threshold", T.BooleanType()),
+    ]
+)
+
+OUTPUT_SCHEMAS: dict[str, T.StructType] = {
+    "broker_windows": BROKER_WINDOWS_SCHEMA,
+    "topic_windows": TOPIC_WINDOWS_SCHEMA,
+    "strategy_comparison": STRATEGY_COMPARISON_SCHEMA,
+    "quarantine": QUARANTINE_SCHEMA,
+}

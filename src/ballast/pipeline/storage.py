@@ -1,0 +1,81 @@
+"""Local paths and `s3://` (any fsspec URL) for the job's input and output.
+
+Spark reads and writes local (or cluster-shared) paths here. It could read `s3a://`
+itself, but that needs the hadoop-aws and AWS SDK jars, which pyspark does not ship. So a
+remote history is first copied through fsspec into a local temporary directory, the job
+runs on local paths, and the outputs are uploaded through fsspec at the end. Credentials
+and endpoints come from the usual AWS environment (`AWS_ACCESS_KEY_ID`,
+`AWS_ENDPOINT_URL`, ...) or from explicit fsspec storage options.
+
+With a multi-host Spark cluster, use paths every node sees (a shared filesystem): the
+staged copy of a remote history lives on the driver's machine only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import fsspec
+
+from ballast.pipeline.history import HISTORY_GLOB
+
+
+def is_remote(url: str) -> bool:
+    """True for URLs with a scheme other than `file://` (s3://, gs://, memory://...)."""
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    return scheme not in ("", "file", "local")
+
+
+def local_path(url: str) -> str:
+    """The local filesystem path of a plain path or `file://` URL."""
+    return url[len("file://") :] if url.startswith("file://") else url
+
+
+def _fs(url: str, options: Mapping[str, Any]) -> tuple[Any, str]:
+    return fsspec.core.url_to_fs(url, **dict(options))
+
+
+def list_history_files(root: str, options: Mapping[str, Any] | None = None) -> list[str]:
+    """History files under `root` (`date=*/hour=*/*.jsonl`), sorted, as full URLs/paths."""
+    fs, base = _fs(root, options or {})
+    if not fs.exists(base):
+        return []
+    found = sorted(fs.glob(f"{base.rstrip('/')}/{HISTORY_GLOB}"))
+    if not is_remote(root):
+        return found
+    scheme = root.split("://", 1)[0]
+    return [f"{scheme}://{path}" for path in found]
+
+
+def stage_history(root: str, local_dir: str, options: Mapping[str, Any] | None = None) -> list[str]:
+    """Copy a remote history's files to `local_dir`, keeping the layout; return the local
+    file paths (sorted)."""
+    fs, base = _fs(root, options or {})
+    base = base.rstrip("/")
+    copied = []
+    for path in sorted(fs.glob(f"{base}/{HISTORY_GLOB}")):
+        target = os.path.join(local_dir, os.path.relpath(path, base))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        fs.get(path, target)
+        copied.append(target)
+    return copied
+
+
+def upload_tree(local_dir: str, url: str, options: Mapping[str, Any] | None = None) -> None:
+    """Upload every file under `local_dir` to `url`, keeping relative paths."""
+    fs, base = _fs(url, options or {})
+    base = base.rstrip("/")
+    for directory, _, names in os.walk(local_dir):
+        for name in names:
+            source = os.path.join(directory, name)
+            relative = os.path.relpath(source, local_dir).replace(os.sep, "/")
+            fs.put_file(source, f"{base}/{relative}")
+
+
+def remove_tree(url: str, options: Mapping[str, Any] | None = None) -> None:
+    """Delete a directory tree if it exists (used to replace an earlier run's output)."""
+    fs, base = _fs(url, options or {})
+    if fs.exists(base):
+        fs.rm(base, recursive=True)

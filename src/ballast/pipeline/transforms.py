@@ -1,0 +1,390 @@
+"""The analysis as a chain of pure DataFrame steps.
+
+Each step takes a DataFrame and returns one, states its output columns in a `select`, and
+is composed with `DataFrame.transform`:
+
+    brokers = reports.transform(with_report_defaults).transform(explode_brokers) \\
+        .transform(with_window, 300).transform(broker_window_report) \\
+        .transform(with_strategy_scores)
+
+Scores come from `ballast.balance.scoring`, applied to Spark columns; the rules around
+them are the core's (`balance/rankings.py`, `balance/imbalance.py`): WeightedLoad divides
+each metric by the window's cluster maximum floored at 1.0, Balanced falls back to the
+topic count when no broker in the window reports CPU or memory, statistics and the
+overloaded/underloaded classification are over active brokers only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from ballast.balance.scoring import (
+    Ops,
+    balanced_score,
+    ewma,
+    fair_score,
+    topic_load_score,
+    weighted_load_score,
+)
+from ballast.config import Strategy
+from ballast.model import BrokerMode
+
+# WeightedLoad's two non-arithmetic operations, for Spark columns.
+SPARK_OPS = Ops(
+    where=lambda c, a, b: F.when(c, a).otherwise(b),
+    maximum=lambda a, b: F.greatest(a, b),
+)
+P95 = 0.95
+EWMA_HISTORY_WEIGHT = 0.9  # Pulsar's ThresholdShedder
+SCORE_COLUMNS = {
+    Strategy.FAIR: "score_fair",
+    Strategy.BALANCED: "score_balanced",
+    Strategy.WEIGHTED_LOAD: "score_weighted_load",
+}
+_WHOLE_PARTITION = (Window.unboundedPreceding, Window.unboundedFollowing)
+
+BROKER_ROW_COLUMNS = (
+    "broker_id",
+    "timestamp",
+    "state",
+    "cpu_percent",
+    "memory_percent",
+    "disk_io_bps",
+    "network_io_bps",
+    "topic_count",
+    "throughput_mbps",
+    "msg_rate",
+    "connections",
+    "backlog",
+    "weighted_topic_load",
+    "usage",
+)
+
+
+def _zero(column: str | Column, kind: str = "double") -> Column:
+    col = F.col(column) if isinstance(column, str) else column
+    return F.coalesce(col, F.lit(0).cast(kind))
+
+
+def with_report_defaults(reports: DataFrame) -> DataFrame:
+    """Fill absent optional fields with `LoadReport`'s defaults (0, no topics, active)."""
+    topic = lambda t: F.struct(  # noqa: E731 - a lambda is what F.transform takes
+        t["topic"].alias("topic"),
+        _zero(t["msg_rate"]).alias("msg_rate"),
+        _zero(t["byte_rate"]).alias("byte_rate"),
+        _zero(t["producers"], "long").alias("producers"),
+        _zero(t["consumers"], "long").alias("consumers"),
+        _zero(t["subscriptions"], "long").alias("subscriptions"),
+        _zero(t["backlog"], "long").alias("backlog"),
+    )
+    return reports.select(
+        "broker_id",
+        "timestamp",
+        F.coalesce(F.col("state"), F.lit(BrokerMode.ACTIVE.value)).alias("state"),
+        _zero("cpu_percent").alias("cpu_percent"),
+        _zero("memory_percent").alias("memory_percent"),
+        _zero("disk_io_bps").alias("disk_io_bps"),
+        _zero("network_io_bps").alias("network_io_bps"),
+        F.transform(F.coalesce(F.col("topics"), F.array()), topic).alias("topics"),
+    )
+
+
+def _sum_of(field: str, kind: str) -> Column:
+    # In array order from zero, as LoadReport adds them: the same float, bit for bit.
+    return F.aggregate(F.col("topics"), F.lit(0).cast(kind), lambda acc, t: acc + t[field])
+
+
+def explode_brokers(reports: DataFrame) -> DataFrame:
+    """One row per report with the broker's totals, its weighted topic load (the
+    core's: `topic_load_score` of the totals) and Pulsar's usage, max(cpu%, memory%)."""
+    totals = reports.select(
+        "broker_id",
+        "timestamp",
+        "state",
+        "cpu_percent",
+        "memory_percent",
+        "disk_io_bps",
+        "network_io_bps",
+        F.size("topics").cast("long").alias("topic_count"),
+        (_sum_of("byte_rate", "double") / 1_000_000).alias("throughput_mbps"),
+        _sum_of("msg_rate", "double").alias("msg_rate"),
+        F.aggregate(
+            F.col("topics"),
+            F.lit(0).cast("long"),
+            lambda acc, t: acc + t["producers"] + t["consumers"],
+        ).alias("connections"),
+        _sum_of("backlog", "long").alias("backlog"),
+    )
+    return totals.select(
+        *BROKER_ROW_COLUMNS[:-2],
+        topic_load_score(
+            F.col("topic_count"), F.col("throughput_mbps"), F.col("connections"), F.col("backlog")
+        ).alias("weighted_topic_load"),
+        F.greatest(F.col("cpu_percent"), F.col("memory_percent")).alias("usage"),
+    )
+
+
+def explode_topics(reports: DataFrame) -> DataFrame:
+    """One row per topic per report, with its throughput, connections and load score."""
+    rows = reports.select("broker_id", "timestamp", F.inline("topics"))
+    throughput = F.col("byte_rate") / 1_000_000
+    connections = F.col("producers") + F.col("consumers")
+    return rows.select(
+        "broker_id",
+        "timestamp",
+        "topic",
+        "msg_rate",
+        "byte_rate",
+        "producers",
+        "consumers",
+        "subscriptions",
+        "backlog",
+        connections.alias("connections"),
+        topic_load_score(F.lit(1), throughput, connections, F.col("backlog")).alias("load_score"),
+    )
+
+
+def with_window(rows: DataFrame, window_seconds: float) -> DataFrame:
+    """Add the tumbling window (UTC, aligned to the epoch) each row's timestamp is in."""
+    start = F.floor(F.col("timestamp") / F.lit(float(window_seconds))) * F.lit(
+        float(window_seconds)
+    )
+    return rows.withColumn("window_start", F.timestamp_seconds(start)).withColumn(
+        "window_end", F.timestamp_seconds(start + F.lit(float(window_seconds)))
+    )
+
+
+def _stats(column: str, name: str | None = None) -> list[Column]:
+    name = name or column
+    return [
+        F.avg(column).alias(f"{name}_mean"),
+        F.percentile(F.col(column), P95).alias(f"{name}_p95"),
+        F.max(column).cast("double").alias(f"{name}_max"),
+    ]
+
+
+def broker_window_report(broker_rows: DataFrame) -> DataFrame:
+    """Per broker and window: sample count, mean/p95/max of CPU, memory, throughput and
+    topic count, means of the other metrics, the last reported state, and `usage_mean`
+    (the window's sample for Pulsar's smoothed usage)."""
+    return (
+        broker_rows.groupBy("window_start", "window_end", "broker_id")
+        .agg(
+            F.max_by("state", "timestamp").alias("state"),
+            F.count(F.lit(1)).alias("samples"),
+            *_stats("cpu_percent"),
+            *_stats("memory_percent"),
+            *_stats("throughput_mbps"),
+            *_stats("topic_count"),
+            F.avg("disk_io_bps").alias("disk_io_bps_mean"),
+            F.avg("network_io_bps").alias("network_io_bps_mean"),
+            F.avg("msg_rate").alias("msg_rate_mean"),
+            F.avg("backlog").alias("backlog_mean"),
+            F.avg("connections").alias("connections_mean"),
+            F.avg("weighted_topic_load").alias("weighted_topic_load_mean"),
+            F.avg("usage").alias("usage_mean"),
+        )
+        .select(
+            "window_start",
+            "window_end",
+            "broker_id",
+            "state",
+            "samples",
+            *(
+                f"{metric}_{stat}"
+                for metric in ("cpu_percent", "memory_percent", "throughput_mbps", "topic_count")
+                for stat in ("mean", "p95", "max")
+            ),
+            "disk_io_bps_mean",
+            "network_io_bps_mean",
+            "msg_rate_mean",
+            "backlog_mean",
+            "connections_mean",
+            "weighted_topic_load_mean",
+            "usage_mean",
+        )
+    )
+
+
+def with_strategy_scores(broker_windows: DataFrame) -> DataFrame:
+    """Add each broker's score under Fair, Balanced and WeightedLoad, from its window
+    means, normalised against the brokers of the same window."""
+    cluster = Window.partitionBy("window_start").rowsBetween(*_WHOLE_PARTITION)
+
+    def peak(column: str) -> Column:
+        return F.greatest(F.lit(1.0), F.max(column).over(cluster))
+
+    def norm(column: str) -> Column:
+        return F.col(column) / peak(column)
+
+    reports_resources = (F.max("cpu_percent_mean").over(cluster) > 0) | (
+        F.max("memory_percent_mean").over(cluster) > 0
+    )
+    fair = fair_score(F.col("topic_count_mean"))
+    balanced = balanced_score(
+        F.col("weighted_topic_load_mean"), F.col("cpu_percent_mean"), F.col("memory_percent_mean")
+    )
+    weighted = weighted_load_score(
+        norm("cpu_percent_mean"),
+        norm("memory_percent_mean"),
+        norm("disk_io_bps_mean"),
+        norm("network_io_bps_mean"),
+        norm("throughput_mbps_mean"),
+        norm("weighted_topic_load_mean"),
+        ops=SPARK_OPS,
+    )
+    return broker_windows.select(
+        "*",
+        fair.alias("score_fair"),
+        F.when(reports_resources, balanced).otherwise(fair).alias("score_balanced"),
+        weighted.alias("score_weighted_load"),
+    )
+
+
+def strategy_scores_long(scored: DataFrame) -> DataFrame:
+    """One row per window, broker and strategy: `strategy`, `score`, `state`."""
+    return scored.unpivot(
+        ["window_start", "window_end", "broker_id", "state"],
+        list(SCORE_COLUMNS.values()),
+        "score_column",
+        "score",
+    ).select(
+        "window_start",
+        "window_end",
+        "broker_id",
+        "state",
+        F.regexp_replace(F.col("score_column"), "^score_", "").alias("strategy"),
+        "score",
+    )
+
+
+def with_classification(scores: DataFrame) -> DataFrame:
+    """Add `class` (overloaded / underloaded / normal, or inactive for draining and
+    drained brokers) against the mean and population std of the window's active brokers."""
+    group = Window.partitionBy("window_start", "strategy").rowsBetween(*_WHOLE_PARTITION)
+    active = F.col("state") == F.lit(BrokerMode.ACTIVE.value)
+    active_score = F.when(active, F.col("score"))
+    mean = F.avg(active_score).over(group)
+    std = F.stddev_pop(active_score).over(group)
+    cls = (
+        F.when(~active, F.lit("inactive"))
+        .when(F.col("score") > mean + std, F.lit("overloaded"))
+        .when((F.col("score") < mean - std) & (F.col("score") < mean * 0.5), F.lit("underloaded"))
+        .otherwise(F.lit("normal"))
+    )
+    return scores.withColumn("class", cls)
+
+
+def strategy_comparison_report(scores: DataFrame, cv_threshold: float) -> DataFrame:
+    """Per window and strategy, over active brokers: count, mean, population std, CV
+    (0 with fewer than 2 brokers or a zero mean), min, max, the overloaded and
+    underloaded brokers, and whether CV is above the rebalancing threshold."""
+    classified = scores.transform(with_classification).filter(F.col("class") != "inactive")
+
+    def brokers_in(cls: str) -> Column:
+        return F.array_sort(F.collect_list(F.when(F.col("class") == cls, F.col("broker_id"))))
+
+    stats = classified.groupBy("window_start", "window_end", "strategy").agg(
+        F.count(F.lit(1)).alias("brokers"),
+        F.avg("score").alias("mean"),
+        F.stddev_pop("score").alias("std"),
+        F.min("score").alias("min"),
+        F.max("score").alias("max"),
+        brokers_in("overloaded").alias("overloaded"),
+        brokers_in("underloaded").alias("underloaded"),
+    )
+    cv = F.when(
+        (F.col("brokers") >= 2) & (F.col("mean") > 0), F.col("std") / F.col("mean")
+    ).otherwise(F.lit(0.0))
+    return stats.select(
+        "window_start",
+        "window_end",
+        "strategy",
+        "brokers",
+        "mean",
+        "std",
+        cv.alias("cv"),
+        "min",
+        "max",
+        "overloaded",
+        "underloaded",
+        (cv > F.lit(float(cv_threshold))).alias("above_threshold"),
+    )
+
+
+def topic_window_report(topic_rows: DataFrame) -> DataFrame:
+    """Per topic and window: mean and p95 rates and load score, mean connections, and the
+    backlog trend (first, last, last − first, least-squares slope per second)."""
+    return (
+        topic_rows.groupBy("window_start", "window_end", "topic")
+        .agg(
+            F.max_by("broker_id", "timestamp").alias("broker_id"),
+            F.count(F.lit(1)).alias("samples"),
+            F.avg("msg_rate").alias("msg_rate_mean"),
+            F.percentile(F.col("msg_rate"), P95).alias("msg_rate_p95"),
+            F.avg("byte_rate").alias("byte_rate_mean"),
+            F.percentile(F.col("byte_rate"), P95).alias("byte_rate_p95"),
+            F.avg("connections").alias("connections_mean"),
+            F.avg("load_score").alias("load_score_mean"),
+            F.percentile(F.col("load_score"), P95).alias("load_score_p95"),
+            F.min_by("backlog", "timestamp").alias("backlog_first"),
+            F.max_by("backlog", "timestamp").alias("backlog_last"),
+            F.regr_slope(F.col("backlog"), F.col("timestamp")).alias("backlog_slope"),
+        )
+        .select(
+            "window_start",
+            "window_end",
+            "topic",
+            "broker_id",
+            "samples",
+            "msg_rate_mean",
+            "msg_rate_p95",
+            "byte_rate_mean",
+            "byte_rate_p95",
+            "connections_mean",
+            "load_score_mean",
+            "load_score_p95",
+            "backlog_first",
+            "backlog_last",
+            (F.col("backlog_last") - F.col("backlog_first")).alias("backlog_delta"),
+            "backlog_slope",
+        )
+    )
+
+
+def add_usage_ewma(
+    broker_windows: pd.DataFrame, history_weight: float = EWMA_HISTORY_WEIGHT
+) -> pd.DataFrame:
+    """Pulsar's smoothed usage per broker over its windows in time order, seeded with the
+    first window's sample (seeding with 0 is Pulsar issue 13119).
+
+    Runs on the driver: the per-window broker table is small (brokers × windows) and the
+    recurrence is sequential. It calls `scoring.ewma`, so it is the core's formula.
+    """
+    out = broker_windows.sort_values(["broker_id", "window_start"], kind="stable").reset_index(
+        drop=True
+    )
+    smoothed: list[float] = []
+    previous: dict[str, float] = {}
+    for broker, sample in zip(out["broker_id"].tolist(), out["usage_mean"].tolist(), strict=True):
+        value = (
+            sample
+            if broker not in previous
+            else float(ewma(previous[broker], sample, history_weight))
+        )
+        previous[broker] = value
+        smoothed.append(value)
+    out["usage_ewma"] = smoothed
+    return out
+
+
+def conform(
+    frame: DataFrame, columns: list[str] | tuple[str, ...], types: dict[str, Any] | None = None
+) -> DataFrame:
+    """Select `columns` in order (the written table's schema), casting where asked."""
+    types = types or {}
+    return frame.select(*[F.col(c).cast(types[c]) if c in types else F.col(c) for c in columns])

@@ -1,0 +1,93 @@
+"""Reliable-topic storage: WAL, object storage, uploader, seal, tiered reads and cursors.
+
+The public API is re-exported here; see `ReliableTopic` for the facade a broker uses.
+"""
+
+from ballast.storage.catalog import ObjectCatalog, ObjectDescriptor, load_catalog
+from ballast.storage.codec import (
+    Corruption,
+    DecodeResult,
+    Message,
+    Record,
+    RecordDecoder,
+    decode_records,
+    encode_record,
+)
+from ballast.storage.config import FsyncPolicy, StorageConfig
+from ballast.storage.cursor import SubscriptionCursors
+from ballast.storage.objects import (
+    CorruptObjectError,
+    FsspecObjectStore,
+    ObjectBuilder,
+    ObjectNotFoundError,
+    ObjectStore,
+    ObjectStoreError,
+    read_object,
+)
+from ballast.storage.reader import Tier, TieredRecord, read_tiered
+from ballast.storage.seal import SealedState, StartDecision, StartSource, choose_start
+from ballast.storage.stats import StorageStats
+from ballast.storage.topic import (
+    InitialPosition,
+    OpenResult,
+    ReliableTopic,
+    SealError,
+    Subscription,
+    TopicFencedError,
+    TopicStateError,
+    TopicStatus,
+)
+from ballast.storage.uploader import UploadConflictError, Uploader
+from ballast.storage.wal import (
+    OffsetUnavailableError,
+    WalClosedError,
+    WalError,
+    WalRecovery,
+    WriteAheadLog,
+)
+
+__all__ = [
+    "CorruptObjectError",
+    "Corruption",
+    "DecodeResult",
+    "FsspecObjectStore",
+    "FsyncPolicy",
+    "InitialPosition",
+    "Message",
+    "ObjectBuilder",
+    "ObjectCatalog",
+    "ObjectDescriptor",
+    "ObjectNotFoundError",
+    "ObjectStore",
+    "ObjectStoreError",
+    "OffsetUnavailableError",
+    "OpenResult",
+    "Record",
+    "RecordDecoder",
+    "ReliableTopic",
+    "SealError",
+    "SealedState",
+    "StartDecision",
+    "StartSource",
+    "StorageConfig",
+    "StorageStats",
+    "Subscription",
+    "SubscriptionCursors",
+    "Tier",
+    "TieredRecord",
+    "TopicFencedError",
+    "TopicStateError",
+    "TopicStatus",
+    "UploadConflictError",
+    "Uploader",
+    "WalClosedError",
+    "WalError",
+    "WalRecovery",
+    "WriteAheadLog",
+    "choose_start",
+    "decode_records",
+    "encode_record",
+    "load_catalog",
+    "read_object",
+    "read_tiered",
+]

@@ -1,0 +1,481 @@
+"""`ReliableTopic`: the storage of one reliable topic on its owning broker.
+
+It ties the pieces together: on `open()` it decides where offsets continue (sealed
+state, object catalog, local WAL), then runs the WAL, the uploader and the subscription
+cursors, each a service owning its tasks. `append`, `read`, `subscribe` and `ack` serve
+producers and consumers; `seal()` hands the topic over: flush the WAL, drain the
+uploader, flush the cursors, write the sealed state (fenced on this owner's open), and
+release the local files.
+
+The lifecycle is one transition table; an illegal event raises before anything changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from ballast.clock import Clock, SystemClock
+from ballast.metadata import keys
+from ballast.metadata.store import Compare, MetadataStore, Put
+from ballast.model import TopicName
+from ballast.storage.catalog import load_catalog
+from ballast.storage.codec import Headers, Message
+from ballast.storage.config import StorageConfig
+from ballast.storage.cursor import SubscriptionCursors
+from ballast.storage.objects import ObjectStore
+from ballast.storage.reader import TieredRecord, read_tiered
+from ballast.storage.seal import SealedState, StartSource, StateError, choose_start
+from ballast.storage.stats import StorageStats
+from ballast.storage.uploader import Uploader
+from ballast.storage.wal import WalRecovery, WriteAheadLog
+
+__all__ = [
+    "InitialPosition",
+    "OpenResult",
+    "ReliableTopic",
+    "SealError",
+    "Subscription",
+    "TopicFencedError",
+    "TopicStateError",
+    "TopicStatus",
+]
+
+log = logging.getLogger(__name__)
+
+
+class TopicStatus(StrEnum):
+    """Lifecycle of a topic's storage on one broker."""
+
+    NEW = "new"
+    OPENING = "opening"
+    OPEN = "open"
+    SEALING = "sealing"
+    SEALED = "sealed"
+    CLOSED = "closed"
+
+
+# (status, event) -> next status. Anything missing is illegal.
+_TRANSITIONS: dict[tuple[TopicStatus, str], TopicStatus] = {
+    (TopicStatus.NEW, "open"): TopicStatus.OPENING,
+    (TopicStatus.OPENING, "opened"): TopicStatus.OPEN,
+    (TopicStatus.OPENING, "open_failed"): TopicStatus.CLOSED,
+    (TopicStatus.OPEN, "seal"): TopicStatus.SEALING,
+    (TopicStatus.SEALING, "sealed"): TopicStatus.SEALED,
+    (TopicStatus.SEALING, "seal_failed"): TopicStatus.OPEN,
+    (TopicStatus.SEALING, "fenced"): TopicStatus.CLOSED,
+    (TopicStatus.OPEN, "close"): TopicStatus.CLOSED,
+    (TopicStatus.NEW, "close"): TopicStatus.CLOSED,
+}
+
+
+class TopicStateError(RuntimeError):
+    """An operation that the topic's lifecycle state does not allow."""
+
+
+class TopicFencedError(RuntimeError):
+    """Another broker took the topic over: this owner's seal was refused."""
+
+
+class SealError(RuntimeError):
+    """The seal could not make everything durable in object storage."""
+
+
+class InitialPosition(StrEnum):
+    """Where a subscription without a cursor starts."""
+
+    EARLIEST = "earliest"
+    LATEST = "latest"
+
+
+@dataclass(frozen=True)
+class OpenResult:
+    """How `open()` resumed the topic: where, from which evidence, and what it found."""
+
+    topic: TopicName
+    next_offset: int
+    source: StartSource
+    reason: str
+    previous_state: SealedState | None
+    catalog_end: int | None
+    local_end: int | None
+    recovery: WalRecovery
+    discarded_segments: int
+
+
+class ReliableTopic:
+    """Storage of one reliable topic; use ``async with ReliableTopic(...) as topic:``.
+
+    `data_dir` is this broker's local directory for WALs (the topic uses
+    ``data_dir/{namespace}/{topic}``); `objects` and `metadata` are shared by all brokers.
+    """
+
+    def __init__(
+        self,
+        topic: TopicName | str,
+        *,
+        broker_id: str,
+        data_dir: Path | str,
+        objects: ObjectStore,
+        metadata: MetadataStore,
+        clock: Clock | None = None,
+        config: StorageConfig | None = None,
+        stats: StorageStats | None = None,
+    ) -> None:
+        self.topic = TopicName.parse(topic)
+        self.broker_id = broker_id
+        self.directory = Path(data_dir) / self.topic.namespace / self.topic.name
+        self._objects = objects
+        self._metadata = metadata
+        self._clock: Clock = clock or SystemClock()
+        self._config = config or StorageConfig()
+        self.stats = stats or StorageStats()
+        self._status = TopicStatus.NEW
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._wal: WriteAheadLog | None = None
+        self._uploader: Uploader | None = None
+        self._cursors: SubscriptionCursors | None = None
+        self._state_revision = 0
+        self._opened: OpenResult | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    @property
+    def status(self) -> TopicStatus:
+        """Current lifecycle state."""
+        return self._status
+
+    def _transition(self, event: str) -> None:
+        target = _TRANSITIONS.get((self._status, event))
+        if target is None:
+            raise TopicStateError(
+                f"[lifecycle] {self.topic}: cannot {event.replace('_', ' ')} while {self._status}"
+            )
+        self._status = target
+
+    def _require_open(self, action: str) -> WriteAheadLog:
+        if self._status is not TopicStatus.OPEN or self._wal is None:
+            raise TopicStateError(f"[lifecycle] {self.topic}: cannot {action} while {self._status}")
+        return self._wal
+
+    @property
+    def opened(self) -> OpenResult:
+        """What `open()` found and decided."""
+        if self._opened is None:
+            raise TopicStateError(f"[lifecycle] {self.topic}: not opened yet")
+        return self._opened
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._status is TopicStatus.OPEN:
+            await self.close()
+
+    async def open(self) -> OpenResult:
+        """Recover local state, choose the next offset, start the services."""
+        self._transition("open")
+        stack = contextlib.AsyncExitStack()
+        try:
+            result = await self._open(stack)
+        except BaseException:
+            try:
+                await stack.aclose()
+            finally:
+                self._transition("open_failed")
+            raise
+        self._stack = stack
+        self._opened = result
+        self._transition("opened")
+        return result
+
+    async def _open(self, stack: contextlib.AsyncExitStack) -> OpenResult:
+        state_key = keys.storage_state(self.topic)
+        kv = await self._metadata.get(state_key)
+        previous: SealedState | None = None
+        if kv is not None:
+            try:
+                previous = SealedState.from_dict(kv.value, state_key)
+            except StateError as exc:
+                # Without a trustworthy seal, fall back to the evidence: never reuse offsets.
+                log.error("storage %s: ignoring malformed state: %s", self.topic, exc)
+        catalog = await load_catalog(self._metadata, self.topic, self.stats)
+        wal = WriteAheadLog(
+            self.directory,
+            clock=self._clock,
+            config=self._config,
+            stats=self.stats,
+            name=f"wal{self.topic}",
+        )
+        recovery = await wal.recover()
+        decision = choose_start(previous, catalog.end, recovery.last_offset)
+        discarded = await wal.discard() if decision.discard_local else 0
+        await wal.open(decision.next_offset)
+        # Claim the topic: overwrite the state (fenced on what we read) with an unsealed
+        # record, so the seal we just used is never trusted again after we crash.
+        claim = SealedState(False, decision.next_offset - 1, self.broker_id, self._clock.now())
+        txn = await self._metadata.txn(
+            [Compare.mod_revision_equals(state_key, kv.mod_revision if kv else 0)],
+            [Put(state_key, claim.to_dict())],
+        )
+        if not txn.succeeded:
+            raise TopicFencedError(
+                f"{self.topic}: the storage state changed while opening; another broker is "
+                "taking the topic over"
+            )
+        self._state_revision = txn.revision
+        checkpoint = catalog.end if catalog.end is not None else -1
+        uploader = Uploader(
+            self.topic,
+            wal,
+            self._objects,
+            self._metadata,
+            clock=self._clock,
+            config=self._config,
+            stats=self.stats,
+            checkpoint=checkpoint,
+        )
+        cursors = SubscriptionCursors(
+            self.topic, self._metadata, clock=self._clock, config=self._config, stats=self.stats
+        )
+        await stack.enter_async_context(wal)
+        await stack.enter_async_context(uploader)
+        await stack.enter_async_context(cursors)
+        self._wal, self._uploader, self._cursors = wal, uploader, cursors
+        self.stats.opens_by_source[decision.source.value] += 1
+        log.info(
+            "storage %s: opened on %s at offset %d from %s (%s)%s",
+            self.topic,
+            self.broker_id,
+            decision.next_offset,
+            decision.source.value,
+            decision.reason,
+            f"; discarded {discarded} local segment(s)" if discarded else "",
+        )
+        return OpenResult(
+            topic=self.topic,
+            next_offset=decision.next_offset,
+            source=decision.source,
+            reason=decision.reason,
+            previous_state=previous,
+            catalog_end=catalog.end,
+            local_end=recovery.last_offset,
+            recovery=recovery,
+            discarded_segments=discarded,
+        )
+
+    async def close(self) -> None:
+        """Stop without sealing (broker shutdown): flush, keep the local WAL for a restart."""
+        self._transition("close")
+        await self._stop()
+
+    async def _stop(self) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def seal(self) -> SealedState:
+        """Hand the topic over: everything durable in object storage, sealed state written.
+
+        On failure (object storage unreachable, cancelled) the topic stays open and
+        serving; the caller may retry. If another broker has claimed the topic, raises
+        `TopicFencedError` and stops without writing anything.
+        """
+        self._transition("seal")
+        assert self._wal is not None and self._uploader is not None
+        assert self._cursors is not None
+        state_key = keys.storage_state(self.topic)
+        try:
+            last = await self._wal.flush()
+            checkpoint = await self._uploader.drain()
+            if checkpoint < last:
+                raise SealError(
+                    f"{self.topic}: object storage holds offsets up to {checkpoint}, "
+                    f"the WAL up to {last}"
+                )
+            await self._cursors.flush()
+            sealed = SealedState(True, last, self.broker_id, self._clock.now())
+            written = await self._write_sealed(state_key, sealed)
+        except BaseException:
+            self._transition("seal_failed")
+            raise
+        if not written:
+            self._transition("fenced")
+            await self._stop()
+            raise TopicFencedError(
+                f"{self.topic}: the storage state was changed by another broker; "
+                f"{self.broker_id} no longer owns the topic and did not seal it"
+            )
+        await self._stop()
+        await self._wal.destroy()
+        self._transition("sealed")
+        self.stats.seals += 1
+        log.info("storage %s: sealed by %s at offset %d", self.topic, self.broker_id, last)
+        return sealed
+
+    async def _write_sealed(self, state_key: str, sealed: SealedState) -> bool:
+        """Write the sealed state if this broker's claim is still in place.
+
+        If an earlier attempt's reply was lost, the compare now fails although the state is
+        ours: a state sealed by this broker at the same offset counts as written.
+        """
+        txn = await self._metadata.txn(
+            [Compare.mod_revision_equals(state_key, self._state_revision)],
+            [Put(state_key, sealed.to_dict())],
+        )
+        if txn.succeeded:
+            self._state_revision = txn.revision
+            return True
+        current = await self._metadata.get(state_key)
+        if current is None:
+            return False
+        try:
+            state = SealedState.from_dict(current.value, state_key)
+        except StateError:
+            return False
+        return (
+            state.sealed
+            and state.broker_id == self.broker_id
+            and state.last_committed_offset == sealed.last_committed_offset
+        )
+
+    # -- producers -----------------------------------------------------------------------
+
+    @property
+    def next_offset(self) -> int:
+        """Offset the next append gets."""
+        if self._wal is None:
+            raise TopicStateError(f"[lifecycle] {self.topic}: not opened yet")
+        return self._wal.next_offset
+
+    @property
+    def last_committed_offset(self) -> int:
+        """Last durable offset (next_offset - 1 when nothing is pending)."""
+        if self._wal is None:
+            raise TopicStateError(f"[lifecycle] {self.topic}: not opened yet")
+        return self._wal.committed_offset
+
+    @property
+    def uploaded_offset(self) -> int:
+        """Highest offset in object storage."""
+        if self._uploader is None:
+            raise TopicStateError(f"[lifecycle] {self.topic}: not opened yet")
+        return self._uploader.checkpoint
+
+    async def append(
+        self, payload: bytes, *, key: bytes | None = None, headers: Headers = ()
+    ) -> int:
+        """Append a message; returns its offset once durable (per the fsync policy)."""
+        return await self._require_open("append").append(payload, key=key, headers=headers)
+
+    async def append_batch(self, messages: Sequence[Message]) -> range:
+        """Append messages with consecutive offsets; returns them once durable."""
+        return await self._require_open("append").append_batch(messages)
+
+    async def flush(self) -> int:
+        """Wait for pending appends and fsync; returns the last committed offset."""
+        return await self._require_open("flush").flush()
+
+    async def upload_now(self) -> int:
+        """Upload everything committed so far; returns the uploaded offset."""
+        self._require_open("upload")
+        assert self._uploader is not None
+        return await self._uploader.drain()
+
+    # -- consumers -----------------------------------------------------------------------
+
+    def read(
+        self, from_offset: int | None = None, *, live: bool = True
+    ) -> AsyncIterator[TieredRecord]:
+        """Records from `from_offset` (default: the next offset) on, in order, exactly once.
+
+        Older offsets come from object storage, then the WAL, then live appends. With
+        `live=False` the stream ends when caught up; otherwise when the topic stops.
+        """
+        if self._status not in (TopicStatus.OPEN, TopicStatus.SEALING) or self._wal is None:
+            raise TopicStateError(f"[lifecycle] {self.topic}: cannot read while {self._status}")
+        start = self._wal.next_offset if from_offset is None else from_offset
+        return read_tiered(
+            self.topic,
+            self._wal,
+            self._objects,
+            self._metadata,
+            start,
+            live=live,
+            stats=self.stats,
+        )
+
+    async def subscribe(
+        self,
+        subscription: str,
+        *,
+        initial: InitialPosition = InitialPosition.LATEST,
+        live: bool = True,
+    ) -> Subscription:
+        """A subscription resuming at its cursor + 1 (or at `initial` when it has none)."""
+        wal = self._require_open("subscribe")
+        assert self._cursors is not None
+        cursor = await self._cursors.load(subscription)
+        if cursor is None:
+            start = wal.next_offset if initial is InitialPosition.LATEST else 0
+            # Remember the starting point, so a reconnect resumes here and not at "latest".
+            self._cursors.ack(subscription, start - 1)
+        else:
+            start = cursor + 1
+        return Subscription(self, subscription, start, live)
+
+    async def ack(self, subscription: str, offset: int) -> None:
+        """Acknowledge everything up to `offset` for `subscription` (cumulative)."""
+        wal = self._require_open("ack")
+        assert self._cursors is not None
+        if offset >= wal.next_offset:
+            raise ValueError(
+                f"{self.topic}: cannot ack offset {offset}, the topic ends at {wal.next_offset - 1}"
+            )
+        self._cursors.ack(subscription, offset)
+
+    def cursor(self, subscription: str) -> int | None:
+        """The subscription's last acked offset as known in memory."""
+        return self._cursors.get(subscription) if self._cursors is not None else None
+
+    async def flush_cursors(self) -> int:
+        """Write moved cursors now; returns how many were written."""
+        self._require_open("flush cursors")
+        assert self._cursors is not None
+        return await self._cursors.flush()
+
+
+class Subscription:
+    """A named consumer position on a topic: iterate to receive, `ack` to advance."""
+
+    def __init__(self, topic: ReliableTopic, name: str, start_offset: int, live: bool) -> None:
+        self.topic = topic
+        self.name = name
+        self.start_offset = start_offset
+        self._live = live
+
+    def __aiter__(self) -> AsyncIterator[TieredRecord]:
+        cursor = self.cursor
+        start = self.start_offset if cursor is None else max(self.start_offset, cursor + 1)
+        return self.topic.read(start, live=self._live)
+
+    async def ack(self, offset: int) -> None:
+        """Acknowledge everything up to `offset`."""
+        await self.topic.ack(self.name, offset)
+
+    @property
+    def cursor(self) -> int | None:
+        """Last acked offset, or None before the first ack."""
+        return self.topic.cursor(self.name)
