@@ -192,4 +192,17 @@ async def test_watch_events_are_values() -> None:
         event = await next_event(watch)
         assert event == WatchEvent("put", "/v/a", {"x": 1}, rev)
         with pytest.raises(AttributeError):
-            event.kind = "delete"  # type: ignore[misc]
+            setattr(event, "kind", "delete")  # noqa: B010 (frozen: must raise)
+
+
+async def test_close_and_revoke_stop_keep_alive_tasks() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock)
+    revoked, kept = await store.grant_lease(3), await store.grant_lease(3)
+    revoked.start_keep_alive()
+    kept.start_keep_alive()
+    await store.revoke_lease(revoked.id)  # by id, not through the handle
+    assert not revoked.keeping_alive
+    assert kept.keeping_alive
+    await store.close()
+    assert not kept.keeping_alive  # no task left refreshing against a closed store
