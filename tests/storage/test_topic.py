@@ -23,6 +23,7 @@ from ballast.storage import (
     TopicFencedError,
     TopicStateError,
     TopicStatus,
+    UploadConflictError,
     load_catalog,
 )
 
@@ -331,3 +332,30 @@ async def test_retention_then_tiered_read_has_no_gap_and_no_duplicate(
     tiers = [i.tier for i in items]
     assert tiers[:wal_first] == [Tier.OBJECT] * wal_first
     assert set(tiers[wal_first:]) == {Tier.WAL}
+
+
+async def test_a_crashed_uploader_loop_surfaces_at_exit(
+    tmp_path: Path, kw: dict[str, Any], metadata: MemoryStore
+) -> None:
+    topic = make_topic("a", tmp_path, **kw)
+    await metadata.put(keys.storage_object(topic.topic, 0), {"start": "zero"})  # in the way
+    with pytest.raises(BaseExceptionGroup) as caught:
+        async with topic:
+            await append_range(topic, 0, 3)
+            await kw["clock"].advance(kw["config"].upload_interval_seconds)
+            await asyncio.sleep(0.2)  # the loop fails; its task group cancels this task
+    assert caught.group_contains(UploadConflictError)
+
+
+async def test_a_non_live_reader_survives_the_seal_through_object_storage(
+    tmp_path: Path, kw: dict[str, Any]
+) -> None:
+    async with make_topic("a", tmp_path, **kw) as topic:
+        await append_range(topic, 0, 40)
+        stream = topic.read(0, live=False)
+        first = [await anext(stream) for _ in range(5)]
+        await topic.seal()  # local files are gone now
+        rest = [item async for item in stream]
+    assert [i.offset for i in first + rest] == list(range(40))
+    # The batch already read from the WAL is delivered, then object storage takes over.
+    assert rest[-1].tier is Tier.OBJECT

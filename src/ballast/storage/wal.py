@@ -106,6 +106,7 @@ class _Segment:
             self.index_positions.append(position)
 
     def position_for(self, offset: int) -> int:
+        """Byte position of the indexed record at or before `offset`."""
         i = bisect.bisect_right(self.index_offsets, offset) - 1
         return self.index_positions[max(i, 0)]
 
@@ -122,11 +123,13 @@ class _Batch:
         self.future: asyncio.Future[None] | None = None
 
     def waiter(self) -> asyncio.Future[None]:
+        """The future resolved when this batch is committed (created on first use)."""
         if self.future is None:
             self.future = asyncio.get_running_loop().create_future()
         return self.future
 
     def resolve(self, exc: BaseException | None = None) -> None:
+        """Acknowledge the batch, or fail it with `exc`."""
         if self.future is None or self.future.done():
             return
         if exc is None:
