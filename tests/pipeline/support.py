@@ -49,11 +49,19 @@ def lines_frame(spark: SparkSession, lines: Sequence[str | dict[str, Any]]) -> D
 
 
 def checked(spark: SparkSession, lines: Sequence[str | dict[str, Any]]) -> DataFrame:
-    return lines_frame(spark, lines).transform(ingest.with_parsed_reports).transform(ingest.checked_records)
+    return (
+        lines_frame(spark, lines)
+        .transform(ingest.with_parsed_reports)
+        .transform(ingest.checked_records)
+    )
 
 
-def reports_frame(spark: SparkSession, reports: Sequence[LoadReport | tuple[LoadReport, str]]) -> DataFrame:
+def reports_frame(
+    spark: SparkSession, reports: Sequence[LoadReport | tuple[LoadReport, str]]
+) -> DataFrame:
     """Valid, deduplicated reports with defaults, from LoadReports (through JSON)."""
-    lines = [history_line(*item) if isinstance(item, tuple) else history_line(item) for item in reports]
+    lines = [
+        history_line(*item) if isinstance(item, tuple) else history_line(item) for item in reports
+    ]
     valid = ingest.valid_records(checked(spark, lines))
     return ingest.deduplicated(valid).transform(transforms.with_report_defaults)

@@ -1,9 +1,12 @@
-"""Property: any interleaving of appends, uploads, seals, reopens and reads from any offset
-returns every acknowledged message exactly once, in offset order."""
+"""Property: any interleaving of appends, uploads, seals, reopens, crashes (with or without
+the disk) and reads from any offset never assigns an offset twice, across owners, and
+returns every acknowledged message that survived exactly once, in offset order, without
+waiting for offsets that were skipped."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -31,6 +34,7 @@ CONFIG = StorageConfig(
     upload_threshold_bytes=1 << 30,  # uploads happen only when the scenario says so
     upload_retry_initial_seconds=0.001,
     upload_retry_max_seconds=0.001,
+    offset_reservation_step=8,  # small: extensions (early and blocking) happen all the time
 )
 BROKERS = ("b0", "b1", "b2")
 
@@ -42,8 +46,10 @@ ops_strategy = st.lists(
         st.tuples(st.just("seal_move"), st.integers(0, len(BROKERS) - 1)),
         st.tuples(st.just("crash_restart"), st.just(0)),
         st.tuples(st.just("upload_crash_move"), st.integers(0, len(BROKERS) - 1)),
+        st.tuples(st.just("hard_crash_restart"), st.just(0)),
+        st.tuples(st.just("disk_loss_move"), st.integers(0, len(BROKERS) - 1)),
         st.tuples(st.just("retention"), st.just(0)),
-        st.tuples(st.just("read"), st.integers(0, 60)),
+        st.tuples(st.just("read"), st.integers(0, 120)),
     ),
     max_size=14,
 )
@@ -56,11 +62,12 @@ def body(offset: int) -> bytes:
 async def scenario(ops: list[Op], root: Path) -> None:
     clock = FakeClock()
     objects = FsspecObjectStore(str(root / "objects"))
-    acked: list[int] = []  # offsets acknowledged so far, in order
+    assigned: set[int] = set()  # every offset ever acknowledged, by any owner
+    readable: list[int] = []  # acknowledged offsets still held somewhere, in order
 
     async with MemoryStore(clock) as metadata:
 
-        async def open_on(broker: str) -> ReliableTopic:
+        async def open_on(broker: str, *, graceful: bool, after: int) -> ReliableTopic:
             topic = ReliableTopic(
                 "/prop/t",
                 broker_id=broker,
@@ -71,45 +78,71 @@ async def scenario(ops: list[Op], root: Path) -> None:
                 config=CONFIG,
             )
             await topic.open()
-            # Never an offset already used: the next offset follows every acknowledged one.
-            assert topic.next_offset == len(acked), (topic.opened, len(acked))
+            # Never an offset already used: the next one follows every acknowledged one,
+            # and every offset the previous owner may have assigned (its reservation).
+            assert topic.next_offset > max(assigned, default=-1), topic.opened
+            assert topic.next_offset > after, (topic.opened, after)
+            if graceful:  # a seal or a close: continues right after, no gap
+                assert topic.next_offset == after + 1, (topic.opened, after)
+                assert topic.opened.gap is None
             return topic
 
         async def check_read(topic: ReliableTopic, start: int) -> None:
-            items = [item async for item in topic.read(start, live=False)]
-            assert [i.offset for i in items] == acked[start:]
+            async with asyncio.timeout(10):  # skipped offsets must not be waited for
+                items = [item async for item in topic.read(start, live=False)]
+            assert [i.offset for i in items] == [o for o in readable if o >= start]
             assert all(i.record.payload == body(i.offset) for i in items)
             # Tiers only move forward: objects, then the WAL.
             ranks = [0 if i.tier is Tier.OBJECT else 1 for i in items]
             assert ranks == sorted(ranks)
 
-        topic = await open_on(BROKERS[0])
+        topic = await open_on(BROKERS[0], graceful=False, after=-1)
         try:
             for op, arg in ops:
                 if op == "append":
-                    first = len(acked)
+                    first = topic.next_offset
                     got = await topic.append_batch([Message(body(first + i)) for i in range(arg)])
                     assert list(got) == list(range(first, first + arg))
-                    acked.extend(got)
+                    assert assigned.isdisjoint(got) and first > max(assigned, default=-1)
+                    assigned.update(got)
+                    readable.extend(got)
                 elif op == "upload":
-                    assert await topic.upload_now() == len(acked) - 1
+                    assert await topic.upload_now() == topic.next_offset - 1
                 elif op == "seal_move":
                     state = await topic.seal()
-                    assert state.last_committed_offset == len(acked) - 1
-                    topic = await open_on(BROKERS[arg])
+                    assert state.last_committed_offset == topic.next_offset - 1
+                    topic = await open_on(
+                        BROKERS[arg], graceful=True, after=state.last_committed_offset
+                    )
                     assert topic.opened.source is StartSource.SEALED
                 elif op == "crash_restart":
                     await topic.close()  # acknowledged appends are on disk; no seal
-                    topic = await open_on(topic.broker_id)
+                    topic = await open_on(
+                        topic.broker_id, graceful=True, after=topic.next_offset - 1
+                    )
                 elif op == "upload_crash_move":
                     await topic.upload_now()
                     await topic.close()
-                    topic = await open_on(BROKERS[arg])
+                    topic = await open_on(BROKERS[arg], graceful=True, after=topic.next_offset - 1)
+                elif op == "hard_crash_restart":
+                    # A crash: no seal, no release; the disk survives, nothing is lost.
+                    await topic.close(release_reservation=False)
+                    topic = await open_on(
+                        topic.broker_id, graceful=False, after=topic.reserved_through
+                    )
+                elif op == "disk_loss_move":
+                    # The broker dies with its disk: what it had not uploaded is gone.
+                    uploaded = topic.uploaded_offset
+                    reserved = topic.reserved_through
+                    await topic.close(release_reservation=False)
+                    shutil.rmtree(topic.directory)
+                    readable = [o for o in readable if o <= uploaded]
+                    topic = await open_on(BROKERS[arg], graceful=False, after=reserved)
                 elif op == "retention":
                     await clock.advance(CONFIG.retention_seconds + 1)
                     await topic.upload_now()  # applies retention after uploading
                 elif op == "read":
-                    await check_read(topic, min(arg, len(acked)))
+                    await check_read(topic, min(arg, topic.next_offset))
             await check_read(topic, 0)
         finally:
             if topic.status.value == "open":
@@ -122,6 +155,8 @@ async def scenario(ops: list[Op], root: Path) -> None:
     suppress_health_check=[HealthCheck.too_slow],
 )
 @given(ops=ops_strategy)
-def test_every_acknowledged_message_is_read_back_exactly_once(ops: list[Op]) -> None:
+def test_offsets_are_never_reused_and_surviving_messages_are_read_exactly_once(
+    ops: list[Op],
+) -> None:
     with tempfile.TemporaryDirectory() as root:
         asyncio.run(scenario(ops, Path(root)))

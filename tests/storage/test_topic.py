@@ -159,16 +159,24 @@ async def test_crash_without_seal_same_broker_continues_after_its_wal(
     assert flat == list(range(30))  # every offset exactly once
 
 
-async def test_crash_without_seal_other_broker_continues_after_the_catalog(
+async def test_close_without_seal_other_broker_never_reuses_offsets_only_on_the_old_disk(
     tmp_path: Path, kw: dict[str, Any]
 ) -> None:
+    # Before offset reservations the other broker continued after the catalog, at 22, and
+    # reused offsets 22..25 that b1 had acknowledged. The close released b1's reservation
+    # down to 25, so b2 continues at 26 and skips 22..25 (they are only on b1's disk).
     async with make_topic("b1", tmp_path, **kw) as topic:
         await append_range(topic, 0, 22)
         await topic.upload_now()
         await append_range(topic, 22, 26)  # acknowledged, but only on b1's disk
     async with make_topic("b2", tmp_path, **kw) as other:
-        assert (other.opened.next_offset, other.opened.source) == (22, StartSource.CATALOG)
-        assert other.opened.local_end is None
+        opened = other.opened
+        assert (opened.next_offset, opened.source) == (26, StartSource.RESERVATION)
+        assert opened.local_end is None and opened.gap == (22, 25)
+        assert other.gaps == ((22, 25),)
+        await append_range(other, 26, 28)
+        items = await collect(other.read(0, live=False))
+    assert [i.offset for i in items] == [*range(22), 26, 27]
 
 
 async def test_a_used_seal_is_not_trusted_after_the_next_owner_crashes(
@@ -181,21 +189,25 @@ async def test_a_used_seal_is_not_trusted_after_the_next_owner_crashes(
         await append_range(b, 22, 28)
         await b.upload_now()
         await append_range(b, 28, 30)
-    # b crashed (no seal). The state still mentions a's seal at 21 only if b never claimed
-    # the topic; it did, so c continues after the catalog, not at 22.
+    # b stopped without a seal. The state still mentions a's seal at 21 only if b never
+    # claimed the topic; it did, so c does not continue at 22 but after b's reservation
+    # (released down to 29 by the close): 28..29 exist only on b's disk and are skipped.
     async with make_topic("c", tmp_path, **kw) as c:
-        assert (c.opened.next_offset, c.opened.source) == (28, StartSource.CATALOG)
+        assert (c.opened.next_offset, c.opened.source) == (30, StartSource.RESERVATION)
+        assert c.opened.gap == (28, 29)
         prev = c.opened.previous_state
         assert prev is not None and (prev.sealed, prev.broker_id) == (False, "b")
         # And if b comes back later, its stale segments are discarded after c's seal.
-        await append_range(c, 28, 31)
+        await append_range(c, 30, 33)
         await c.seal()
     async with make_topic("b", tmp_path, **kw) as b_again:
         assert b_again.opened.source is StartSource.SEALED
-        assert b_again.opened.next_offset == 31 and b_again.opened.discarded_segments >= 1
+        assert b_again.opened.next_offset == 33 and b_again.opened.discarded_segments >= 1
+        assert b_again.gaps == ((28, 29),)  # carried by the seal
         items = await collect(b_again.read(0, live=False))
-    assert [i.offset for i in items] == list(range(31))
-    assert [i.record.payload for i in items] == [payload(o) for o in range(31)]
+    expected = [*range(28), 30, 31, 32]
+    assert [i.offset for i in items] == expected
+    assert [i.record.payload for i in items] == [payload(o) for o in expected]
 
 
 async def test_seal_is_fenced_when_another_broker_claimed_the_topic(

@@ -344,3 +344,103 @@ async def test_retention_deletes_only_uploaded_and_old_segments(
         young = wal.segment_count
         assert await wal.apply_retention() == 0
         assert wal.segment_count == young
+
+
+async def test_open_past_a_gap_keeps_the_segments_and_recovery_trusts_the_marker(
+    tmp_path: Path, clock: FakeClock, config: StorageConfig
+) -> None:
+    directory = tmp_path / "wal"
+    wal, _ = await opened(directory, clock, config)
+    async with wal:
+        await fill(wal, 0, 10)
+    wal2 = WriteAheadLog(directory, clock=clock, config=config)
+    await wal2.recover()
+    with pytest.raises(WalError, match="discard"):
+        await wal2.open(5, allow_gap=True)  # a gap only ever goes forward
+    await wal2.open(50, allow_gap=True)
+    assert (wal2.first_offset, wal2.committed_offset, wal2.next_offset) == (0, 49, 50)
+    async with wal2:
+        assert await read_all(wal2, 0) == list(range(10))
+        assert await wal2.read(10) == []  # nothing exists in the gap (yet)
+        assert await fill(wal2, 50, 5) == list(range(50, 55))
+        # Offsets in the gap do not exist: a read there starts at the next existing one.
+        assert [r.offset for r in await wal2.read(20)] == list(range(50, 55))
+        assert await read_all(wal2, 0) == [*range(10), *range(50, 55)]
+    assert [p.name for p in directory.glob("*.gap")] == [
+        f"{10:020d}-{49:020d}.gap"
+    ]  # declared before the segment after the gap was created
+    assert segment_files(directory)[-1].name == f"{50:020d}.wal"
+    wal3, recovery = await opened(directory, clock, config)
+    assert recovery.clean and recovery.gaps == ((10, 49),)
+    assert (recovery.first_offset, recovery.last_offset, recovery.records) == (0, 54, 15)
+    async with wal3:
+        assert await fill(wal3, 55, 2) == [55, 56]
+        assert await read_all(wal3, 3) == [*range(3, 10), *range(50, 57)]
+        # Once the segment before the gap is uploaded and old, it goes, and the marker too.
+        wal3.mark_uploaded(49)
+        await clock.advance(config.retention_seconds + 1)
+        assert await wal3.apply_retention() >= 1
+        assert wal3.first_offset == 50 and list(directory.glob("*.gap")) == []
+
+
+async def test_a_jump_without_its_marker_is_still_a_lost_segment(
+    tmp_path: Path, clock: FakeClock, config: StorageConfig
+) -> None:
+    directory = tmp_path / "wal"
+    wal, _ = await opened(directory, clock, config)
+    async with wal:
+        await fill(wal, 0, 10)
+    wal2 = WriteAheadLog(directory, clock=clock, config=config)
+    await wal2.recover()
+    await wal2.open(50, allow_gap=True)
+    async with wal2:
+        await fill(wal2, 50, 5)
+    for marker in directory.glob("*.gap"):
+        marker.unlink()
+    _, recovery = await opened(directory, clock, config)
+    assert recovery.last_offset == 9 and recovery.dropped_segments == 1
+    assert recovery.corruption is not None and "expected 10" in recovery.corruption
+
+
+class CountingReserver:
+    """An `OffsetReserver` that grants `step` more offsets per `ensure` (or fails)."""
+
+    def __init__(self, limit: int, step: int) -> None:
+        self.limit = limit
+        self.step = step
+        self.ensured: list[int] = []
+        self.fail: Exception | None = None
+
+    async def ensure(self, last_offset: int) -> None:
+        self.ensured.append(last_offset)
+        await asyncio.sleep(0)
+        if self.fail is not None:
+            raise self.fail
+        self.limit = max(self.limit, last_offset) + self.step
+
+    def note_next(self, next_offset: int) -> None:
+        assert next_offset - 1 <= self.limit  # nothing beyond the reservation, ever
+
+
+async def test_appends_never_assign_an_offset_beyond_the_reservation(
+    tmp_path: Path, clock: FakeClock, config: StorageConfig
+) -> None:
+    stats = StorageStats()
+    wal, _ = await opened(tmp_path / "wal", clock, config, stats=stats)
+    reserver = CountingReserver(limit=4, step=5)
+    wal.set_reserver(reserver)
+    async with wal:
+        assert [await wal.append(payload(o)) for o in range(5)] == list(range(5))
+        assert reserver.ensured == []  # within the reservation: no waiting
+        assert await wal.append(payload(5)) == 5
+        assert reserver.ensured == [5] and reserver.limit == 10
+        assert await fill(wal, 6, 12) == list(range(6, 18))  # a batch beyond it: waits once
+        assert reserver.ensured == [5, 17] and stats.reservation_stalls == 2
+        reserver.fail = RuntimeError("metadata store down")
+        for _ in range(5):
+            await wal.append(b"within")  # 18..22 are reserved
+        with pytest.raises(RuntimeError, match="down"):
+            await wal.append(b"beyond")
+        assert wal.next_offset == 23  # nothing was assigned to the failed append
+        reserver.fail = None
+        assert await wal.append(b"again") == 23

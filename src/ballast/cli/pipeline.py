@@ -23,6 +23,7 @@ STAGE_LABELS = {
     "stage": "finding history files",
     "parse": "parsing and checking records",
     "quarantine": "removing duplicates, writing quarantine",
+    "explode": "flattening reports into broker and topic rows",
     "brokers": "broker windows and scores",
     "strategies": "comparing strategies",
     "topics": "topic windows",
@@ -184,6 +185,9 @@ def register(app: typer.Typer) -> None:
         driver_memory: Annotated[
             str, typer.Option(help="Spark driver memory (local mode: all of Spark).")
         ] = "2g",
+        executor_memory: Annotated[
+            str | None, typer.Option(help="spark.executor.memory on a cluster (default: Spark's).")
+        ] = None,
         shuffle_partitions: Annotated[int, typer.Option(help="spark.sql.shuffle.partitions.")] = 8,
         driver_host: Annotated[
             str,
@@ -236,6 +240,7 @@ def register(app: typer.Typer) -> None:
                 master,
                 driver_memory=driver_memory,
                 shuffle_partitions=shuffle_partitions,
+                executor_memory=executor_memory,
                 driver_host=driver_host,
             )
         try:

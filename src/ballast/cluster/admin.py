@@ -35,7 +35,6 @@ from ballast.metadata import (
     Delete,
     MetadataStore,
     Put,
-    ValueDecodeError,
     keys,
 )
 from ballast.model import (
@@ -181,14 +180,8 @@ class AdminClient:
 
     async def view(self) -> ClusterView:
         """The cluster as stored right now."""
-        try:
-            cluster = await self.store.get_prefix(keys.CLUSTER_PREFIX)
-            topics = await self.store.get_prefix(keys.TOPICS_PREFIX)
-        except ValueDecodeError as exc:
-            raise AdminError(
-                f"{exc} (the leader repairs bad values under /cluster/ within moments; "
-                "retry, or delete the key)"
-            ) from None
+        cluster = await self.store.get_prefix(keys.CLUSTER_PREFIX)
+        topics = await self.store.get_prefix(keys.TOPICS_PREFIX)
         view, _ = ClusterView.from_listings(cluster, topics)
         return view
 

@@ -38,7 +38,6 @@ from ballast.metadata import (
     MetadataError,
     MetadataStore,
     Put,
-    ValueDecodeError,
     WatchEvent,
     keys,
 )
@@ -205,13 +204,7 @@ class BrokerNode(Service):
         prefix = keys.broker_prefix(self.broker_id)
         while True:
             self._resync.clear()
-            try:
-                listing = await self.store.get_prefix(prefix)
-            except ValueDecodeError as exc:
-                self.metrics.reject("assignment")
-                log.error("%s: cannot list %s: %s", self.name, prefix, exc)
-                await self.clock.sleep(self.retry_delay)
-                continue
+            listing = await self.store.get_prefix(prefix)
             async with self._host_lock:
                 await self._reconcile(listing)
             async with watching(self.store, prefix, listing.revision + 1) as watch:
@@ -238,6 +231,15 @@ class BrokerNode(Service):
             except ValueError:
                 continue
             assigned[str(name)] = (kv.key, kv.value, kv.mod_revision)
+        for error in listing.undecodable:
+            # Assigned all the same (the leader repairs the value); load without a marker.
+            self.metrics.reject("assignment")
+            log.warning("%s: %s", self.name, error)
+            try:
+                _, name = keys.parse_assignment_key(error.key)
+            except ValueError:
+                continue
+            assigned[str(name)] = (error.key, None, 0)
         for topic in sorted(self.serving - set(assigned)):
             await self._on_unassigned(topic)
         for topic, (key, value, revision) in sorted(assigned.items()):
@@ -287,7 +289,6 @@ class BrokerNode(Service):
             marker = None
         await self.host.load(topic, marker)
         self.serving.add(topic)
-        self.metrics.assignments.labels(broker_id=self.broker_id, action="assign").inc()
         log.debug("%s: loaded %s", self.name, topic)
 
     async def _on_unassigned(self, topic: str) -> None:
@@ -299,7 +300,6 @@ class BrokerNode(Service):
             return
         self.serving.discard(topic)
         await self.host.unload(topic)
-        self.metrics.assignments.labels(broker_id=self.broker_id, action="unassign").inc()
         log.debug("%s: unloaded %s", self.name, topic)
 
     async def _mark_ready(self, topic: str) -> None:
@@ -325,7 +325,7 @@ class BrokerNode(Service):
 
     async def _release_stale_markers(self) -> None:
         """Markers waiting for us to seal topics we no longer serve (e.g. after a restart)."""
-        listing = await _list_tolerant(self.store, keys.UNASSIGNED_PREFIX)
+        listing = await self.store.get_prefix(keys.UNASSIGNED_PREFIX)
         for kv in listing.items:
             value = kv.value
             if not isinstance(value, dict) or value.get("from_broker") != self.broker_id:
@@ -371,12 +371,3 @@ async def _next_or_none(watch: object, stop: asyncio.Future[Any]) -> WatchEvent 
         return event
     step.cancel()
     return None
-
-
-async def _list_tolerant(store: MetadataStore, prefix: str) -> Listing:
-    """A listing; an undecodable value makes it empty rather than fatal (logged)."""
-    try:
-        return await store.get_prefix(prefix)
-    except ValueDecodeError as exc:
-        log.warning("listing %s failed on a bad value: %s", prefix, exc)
-        return Listing([], 0)

@@ -146,12 +146,13 @@ class LeaderElection(Service):
 
     async def _campaign_loop(self) -> None:
         while True:
+            failed = False
             try:
                 await self._campaign_once()
-            except asyncio.CancelledError:
-                raise
-            except MetadataError as exc:
-                log.warning("%s: campaign failed, retrying: %s", self.name, exc)
+            except* MetadataError as group:  # the store is unreachable: campaign again later
+                log.warning("%s: campaign failed, retrying: %s", self.name, group.exceptions[0])
+                failed = True
+            if failed:
                 await self.clock.sleep(self.retry_delay)
 
     async def _campaign_once(self) -> None:

@@ -165,8 +165,9 @@ class SyntheticHost:
         mbps = sum(t.byte_rate for t in loads) / 1e6
         connections = sum(t.connections for t in loads)
         backlog = sum(t.backlog for t in loads)
-        cpu = self.base_cpu + 4.0 * mbps + 0.2 * connections
-        memory = self.base_memory + 0.05 * len(loads) + backlog / 50_000
+        # Scaled so a few hundred mixed topics keep a handful of brokers well below 100 %.
+        cpu = self.base_cpu + 0.5 * mbps + 0.05 * connections
+        memory = self.base_memory + 0.02 * len(loads) + backlog / 100_000
         return ResourceUsage(
             cpu_percent=min(100.0, cpu),
             memory_percent=min(100.0, memory),

@@ -32,7 +32,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -56,7 +56,6 @@ from ballast.config import BallastConfig
 from ballast.metadata import (
     Compare,
     Delete,
-    Listing,
     MetadataStore,
     OutcomeUnknownError,
     Put,
@@ -70,7 +69,10 @@ from ballast.model import (
     BrokerId,
     BrokerMode,
     BrokerState,
+    ClusterSnapshot,
+    LoadReport,
     MarkerReason,
+    Move,
     UnassignedMarker,
 )
 from ballast.pipeline.history import HistoryWriter
@@ -79,6 +81,8 @@ log = logging.getLogger(__name__)
 
 # etcd refuses transactions with more than 128 operations (its default --max-txn-ops).
 TOPICS_PER_TXN = 40
+# Placement writes in flight at once (each is its own fenced transaction).
+WRITES_IN_FLIGHT = 16
 
 
 class Resync(Exception):
@@ -185,6 +189,9 @@ class LeaderSession:
         self._stuck: set[str] = set()
         self._seq = itertools.count()
         self._last_rule = ""
+        # Estimated reports after our own moves (the core's `apply_move`), kept until a
+        # broker's real report shows the move: {broker: (report, {topic: present}, since)}.
+        self._estimates: dict[BrokerId, tuple[LoadReport, dict[str, bool], float]] = {}
 
     # -- running -------------------------------------------------------------------------
 
@@ -209,16 +216,21 @@ class LeaderSession:
 
     async def bootstrap(self) -> tuple[int, int]:
         """List the cluster and the topics; return the revisions to watch from."""
-        cluster = await self._list_repairing(keys.CLUSTER_PREFIX)
-        try:
-            topics = await self.store.get_prefix(keys.TOPICS_PREFIX)
-        except ValueDecodeError as exc:
-            # Topic data is not ours to repair; without metadata, topics count as old.
-            self.metrics.reject("topic_meta")
-            log.warning("%s: cannot list topics (%s); topic ages unknown", self.manager.name, exc)
-            topics = Listing([], cluster.revision)
+        cluster = await self.store.get_prefix(keys.CLUSTER_PREFIX)
+        topics = await self.store.get_prefix(keys.TOPICS_PREFIX)
         for bad in self.view.load(cluster, topics):
             self._rejected(bad)
+        for error in topics.undecodable:
+            kind, _, _ = _classify_quietly(error.key)
+            if kind is RecordKind.TOPIC:
+                # Not ours to repair; the topic counts as old (its age is unknown).
+                self.metrics.reject(kind)
+                log.warning("%s: %s", self.manager.name, error)
+        for error in cluster.undecodable:
+            kind, _, _ = _classify_quietly(error.key)
+            self.metrics.reject(kind)
+            log.warning("%s: %s", self.manager.name, error)
+            await self._repair(error.key, None)
         self.history = MoveHistory.of(self.view.moves.values())
         for broker in list(self.view.reports):
             if broker not in self.view.registrations:
@@ -232,18 +244,6 @@ class LeaderSession:
         self._wake.set()
         self._reports_dirty.set()
         return cluster.revision, topics.revision
-
-    async def _list_repairing(self, prefix: str) -> Listing:
-        """List `prefix`; a value that is not JSON is counted, repaired, and listed again."""
-        for _ in range(1000):
-            try:
-                return await self.store.get_prefix(prefix)
-            except ValueDecodeError as exc:
-                kind, _, _ = _classify_quietly(exc.key)
-                self.metrics.reject(kind)
-                log.warning("%s: %s", self.manager.name, exc)
-                await self._repair(exc.key, None)
-        raise RuntimeError(f"{prefix}: too many undecodable values to repair")
 
     # -- watching ------------------------------------------------------------------------
 
@@ -279,6 +279,7 @@ class LeaderSession:
         if change.kind is RecordKind.LOAD:
             if not change.deleted and change.broker is not None:
                 self._sink(change.broker)
+                self._retire_estimate(change.broker)
             self._reports_dirty.set()
         elif change.kind in (
             RecordKind.REGISTRATION,
@@ -291,6 +292,39 @@ class LeaderSession:
                 self._reports_dirty.set()
         elif change.kind is RecordKind.HISTORY:
             self.history = MoveHistory.of(self.view.moves.values())
+
+    def snapshot(self, *, pending: bool = True, exclude: Collection[str] = ()) -> ClusterSnapshot:
+        """The view's snapshot, with estimated reports where a move is not yet reported."""
+        snap = self.view.snapshot(pending=pending, exclude=exclude)
+        if not self._estimates:
+            return snap
+        reports = dict(snap.reports)
+        for broker, (estimate, _, _) in self._estimates.items():
+            if broker in reports or broker in snap.brokers:
+                reports[broker] = estimate
+        return replace(snap, reports=reports)
+
+    def _estimate(self, after: ClusterSnapshot, move: Move, now: float) -> None:
+        for broker, present in ((move.from_broker, False), (move.to_broker, True)):
+            report = after.reports.get(broker)
+            if report is None:
+                continue
+            expected = dict(self._estimates[broker][1]) if broker in self._estimates else {}
+            expected[move.topic] = present
+            self._estimates[broker] = (report, expected, now)
+
+    def _retire_estimate(self, broker: BrokerId) -> None:
+        """Drop a broker's estimate once its real report shows every move (or is late)."""
+        entry = self._estimates.get(broker)
+        report = self.view.reports.get(broker)
+        if entry is None or report is None:
+            return
+        _, expected, since = entry
+        reported = {t.topic for t in report.topics}
+        shown = all((topic in reported) == present for topic, present in expected.items())
+        interval = self.config.load_manager.load_report_interval_seconds
+        if shown or self.clock.now() - since > 5 * interval:
+            del self._estimates[broker]
 
     def _rejected(self, bad: BadRecord) -> None:
         self.metrics.reject(bad.kind)
@@ -449,7 +483,9 @@ class LeaderSession:
                 key = keys.broker_assignment(dead, topic)
                 compares.append(Compare.mod_revision_equals(key, owned[topic]))
                 ops += [Delete(key), Put(keys.unassigned(topic), marker.to_dict())]
-            if await self._write(compares, ops, f"failover of {dead}") is not None:
+            result = await self._write(compares, ops, f"failover of {dead}")
+            await asyncio.sleep(0)  # a big failover must not starve the other loops
+            if result is not None:
                 written += len(chunk)
                 self.metrics.assignments.labels(broker_id=dead, action="unassign").inc(len(chunk))
         if written:
@@ -552,22 +588,33 @@ class LeaderSession:
             batch.append((topic, pending.revision, pending.marker))
         if not batch:
             return
-        snapshot = self.view.snapshot(exclude={t for t, _, _ in batch})
+        snapshot = self.snapshot(exclude={t for t, _, _ in batch})
         plan = place_topics(
             snapshot, self.strategy, [(t, m) for t, _, m in batch], self.last_chosen
         )
         self.last_chosen = plan.last_chosen
         revisions = {t: (r, m) for t, r, m in batch}
         brokers = sorted(self.view.known_brokers())
+        todo: list[tuple[str, BrokerId]] = []
         for topic, placement in plan.placements:
-            revision, marker = revisions[topic]
             if placement.broker is None:
                 if topic not in self._stuck:
                     self._stuck.add(topic)
                     self.manager.note(f"[no-broker] {topic} waits: {placement.explain()}")
                 continue
             self._stuck.discard(topic)
-            await self._assign_one(topic, revision, marker, placement.broker, brokers, now)
+            todo.append((topic, placement.broker))
+        # Independent writes, a bounded number in flight: etcd round trips overlap, and the
+        # loop yields between groups so keep-alives and watches never starve on a burst.
+        for start in range(0, len(todo), WRITES_IN_FLIGHT):
+            async with asyncio.TaskGroup() as group:
+                for topic, target in todo[start : start + WRITES_IN_FLIGHT]:
+                    revision, marker = revisions[topic]
+                    group.create_task(
+                        self._assign_one(topic, revision, marker, target, brokers, now),
+                        name=f"{self.manager.name}/assign:{topic}",
+                    )
+            await asyncio.sleep(0)
 
     async def _assign_one(
         self,
@@ -642,7 +689,7 @@ class LeaderSession:
             # One move at a time: the next decision waits for this one's real effect.
             return None
         decision = decide_rebalance(
-            self.view.snapshot(),
+            self.snapshot(),
             self.history,
             now,
             self.config.load_manager.rebalancing,
@@ -684,6 +731,8 @@ class LeaderSession:
             self.metrics.failures.inc()
             return decision
         self.history = self.history.add(move)
+        if decision.after is not None:
+            self._estimate(decision.after, move, now)
         self.metrics.moves.inc()
         self.metrics.assignments.labels(broker_id=move.from_broker, action="unassign").inc()
         self.manager.note(decision.explanation)
@@ -700,7 +749,7 @@ class LeaderSession:
 
     def balance(self) -> dict[str, Any]:
         """Rankings and balance statistics of the current view."""
-        snapshot = self.view.snapshot()
+        snapshot = self.snapshot()
         rankings = rank(snapshot, self.strategy)
         active = set(snapshot.active_brokers())
         stats = measure({b: s for b, s in rankings.entries if b in active})

@@ -104,7 +104,10 @@ async def keep_alive(lease: Lease, clock: Clock, what: str) -> None:
         await clock.sleep(interval)
         try:
             # Bounded in real time: a hung call must not outlive the lease unnoticed.
-            await asyncio.wait_for(lease.refresh(), timeout=max(interval, 0.5))
+            # (asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            # that arrives as the call completes, and this loop would then never stop.)
+            async with asyncio.timeout(max(interval, 0.5)):
+                await lease.refresh()
             last_ok = clock.now()
         except LeaseNotFoundError:
             log.warning("%s: lease %d expired", what, lease.id)

@@ -10,6 +10,7 @@ compares in every write.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
@@ -81,6 +82,12 @@ class Pending:
 
 def classify(key: str) -> tuple[RecordKind, BrokerId | None, str | None]:
     """(kind, broker, topic) of a key; raises `BadRecord` for a key that fits no layout."""
+    return _classify(key)
+
+
+@functools.lru_cache(maxsize=200_000)
+def _classify(key: str) -> tuple[RecordKind, BrokerId | None, str | None]:
+    # Cached: the same keys come back on every event, and parsing validates names.
     try:
         if key.startswith(keys.REGISTER_PREFIX):
             return RecordKind.REGISTRATION, keys.parse_register_key(key), None

@@ -248,9 +248,11 @@ def with_quarantine_reason(parsed: DataFrame) -> DataFrame:
     unreadable = (
         corrupt & F.coalesce(*[F.col(f"lenient.{f.name}") for f in LENIENT_REPORT_SCHEMA]).isNull()
     )
-    found = F.when(
+    problems = F.when(
         ~unreadable, F.concat_ws("; ", *_report_issues(), type_reasons, topic_reasons)
     ).otherwise("")
+    # Computed once in its own projection: `reason` and `kind` both read it.
+    found = F.col("found")
     reason = (
         F.when(found != "", found)
         .when(corrupt, F.lit("malformed JSON: not one complete JSON object (truncated line?)"))
@@ -262,9 +264,10 @@ def with_quarantine_reason(parsed: DataFrame) -> DataFrame:
         .otherwise(F.lit(None))
     )
     return (
-        with_lenient.withColumn("reason", reason)
+        with_lenient.withColumn("found", problems)
+        .withColumn("reason", reason)
         .withColumn("kind", kind)
-        .drop("lenient", "lenient_topics")
+        .drop("lenient", "lenient_topics", "found")
     )
 
 
@@ -324,8 +327,8 @@ def duplicate_records(records: DataFrame) -> DataFrame:
     return extra.select(
         "source",
         F.lit("duplicate").alias("kind"),
-        _fmt(
-            "duplicate: another report of broker %s at timestamp %s was kept",
+        F.format_string(
+            "duplicate: another report of broker %s at timestamp %.3f was kept",
             F.col("broker_id"),
             F.col("timestamp"),
         ).alias("reason"),

@@ -23,17 +23,24 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ballast.model import BrokerMode, BrokerState, ClusterSnapshot, LoadReport, TopicLoad
+from ballast.pipeline.transforms import percentile_linear
 
 P95 = 0.95
 
 
-def latest_report_rows(broker_rows: DataFrame, reports: DataFrame) -> DataFrame:
+def latest_report_rows(broker_rows: DataFrame, topic_rows: DataFrame) -> DataFrame:
     """Per broker: its last report's timestamp, state and topic names."""
     latest = broker_rows.groupBy("broker_id").agg(
         F.max("timestamp").alias("timestamp"), F.max_by("state", "timestamp").alias("state")
     )
-    topics = reports.select("broker_id", "timestamp", F.col("topics.topic").alias("topic_names"))
-    return latest.join(topics, on=["broker_id", "timestamp"], how="left").select(
+    names = (
+        topic_rows.join(
+            latest.select("broker_id", "timestamp"), on=["broker_id", "timestamp"], how="inner"
+        )
+        .groupBy("broker_id")
+        .agg(F.array_sort(F.collect_list("topic")).alias("topic_names"))
+    )
+    return latest.join(names, on="broker_id", how="left").select(
         "broker_id", "timestamp", "state", "topic_names"
     )
 
@@ -43,20 +50,26 @@ def broker_p95_report(broker_rows: DataFrame, since: float) -> DataFrame:
     recent = broker_rows.filter(F.col("timestamp") >= F.lit(float(since)))
     return recent.groupBy("broker_id").agg(
         *[
-            F.percentile(F.col(c), P95).alias(c)
+            percentile_linear(F.col(c).cast("double"), P95).alias(c)
             for c in ("cpu_percent", "memory_percent", "disk_io_bps", "network_io_bps")
         ]
     )
 
 
 def topic_p95_report(topic_rows: DataFrame, since: float) -> DataFrame:
-    """Per topic: p95 of every load figure from `since` on, and when it was first seen."""
+    """Per topic: p95 of every load figure from `since` on, and when it was first seen.
+
+    The exact percentiles are the costly part, so they only see the horizon's rows; the
+    first-seen time needs every row but only a `min`.
+    """
     figures = ("msg_rate", "byte_rate", "producers", "consumers", "subscriptions", "backlog")
-    recent = F.col("timestamp") >= F.lit(float(since))
-    return topic_rows.groupBy("topic").agg(
-        F.min("timestamp").alias("first_seen"),
-        *[F.percentile(F.when(recent, F.col(c)), P95).alias(c) for c in figures],
+    first_seen = topic_rows.groupBy("topic").agg(F.min("timestamp").alias("first_seen"))
+    recent = (
+        topic_rows.filter(F.col("timestamp") >= F.lit(float(since)))
+        .groupBy("topic")
+        .agg(*[percentile_linear(F.col(c).cast("double"), P95).alias(c) for c in figures])
     )
+    return first_seen.join(recent, on="topic", how="left").select("topic", "first_seen", *figures)
 
 
 @dataclass(frozen=True)

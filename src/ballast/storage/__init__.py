@@ -25,7 +25,8 @@ from ballast.storage.objects import (
     read_object,
 )
 from ballast.storage.reader import Tier, TieredRecord, read_tiered
-from ballast.storage.seal import SealedState, StartDecision, StartSource, choose_start
+from ballast.storage.reservation import ReservationError, TopicClaim
+from ballast.storage.seal import Gap, SealedState, StartDecision, StartSource, choose_start
 from ballast.storage.stats import StorageStats
 from ballast.storage.topic import (
     InitialPosition,
@@ -52,6 +53,7 @@ __all__ = [
     "DecodeResult",
     "FsspecObjectStore",
     "FsyncPolicy",
+    "Gap",
     "InitialPosition",
     "Message",
     "ObjectBuilder",
@@ -65,6 +67,7 @@ __all__ = [
     "Record",
     "RecordDecoder",
     "ReliableTopic",
+    "ReservationError",
     "SealError",
     "SealedState",
     "StartDecision",
@@ -75,6 +78,7 @@ __all__ = [
     "SubscriptionCursors",
     "Tier",
     "TieredRecord",
+    "TopicClaim",
     "TopicFencedError",
     "TopicStateError",
     "TopicStatus",

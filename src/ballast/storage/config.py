@@ -43,6 +43,10 @@ class StorageConfig:
     upload_retry_max_seconds: float = 30.0
     cursor_flush_seconds: float = 5.0
     cursor_flush_acks: int = 1000
+    # Offsets the owner may assign beyond the last one without another metadata write. The
+    # reservation is extended (one fenced write) when less than half a step is left, so
+    # appends do not wait for it; a crashed owner's successor continues past it.
+    offset_reservation_step: int = 10_000
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fsync_policy", FsyncPolicy(self.fsync_policy))
@@ -59,10 +63,18 @@ class StorageConfig:
             "upload_retry_max_seconds": self.upload_retry_max_seconds,
             "cursor_flush_seconds": self.cursor_flush_seconds,
             "cursor_flush_acks": self.cursor_flush_acks,
+            "offset_reservation_step": self.offset_reservation_step,
         }
         for name, value in positive.items():
             if not value > 0:
                 raise ValueError(f"storage config {name}: must be > 0, got {value!r}")
+        if isinstance(self.offset_reservation_step, bool) or not isinstance(
+            self.offset_reservation_step, int
+        ):
+            raise ValueError(
+                "storage config offset_reservation_step: must be an integer, "
+                f"got {self.offset_reservation_step!r}"
+            )
         if self.retention_seconds < 0:
             raise ValueError(
                 f"storage config retention_seconds: must be >= 0, got {self.retention_seconds!r}"

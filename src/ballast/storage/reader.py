@@ -4,13 +4,18 @@ From any start offset the reader serves offsets older than the local WAL from ob
 storage (following the catalog), then the WAL's files and cache, then waits for new
 commits. Each step starts exactly where the previous one stopped, so the switch is
 invisible: no gap, no duplicate. Each record says which tier served it.
+
+Offsets skipped after a crash (the topic's recorded `gaps`) never hold a message: the
+reader steps over them at once instead of looking for them or waiting. Inside the WAL's
+committed range an offset the WAL does not hold never will, so the reader moves on there
+too; holes in object storage that no gap explains are skipped with a warning.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -19,6 +24,7 @@ from ballast.model import TopicName
 from ballast.storage.catalog import ObjectCatalog, load_catalog
 from ballast.storage.codec import Record
 from ballast.storage.objects import ObjectStore, read_object
+from ballast.storage.seal import Gap, gap_end_after
 from ballast.storage.stats import StorageStats
 from ballast.storage.wal import OffsetUnavailableError, WriteAheadLog
 
@@ -58,11 +64,13 @@ async def read_tiered(
     live: bool = True,
     stats: StorageStats | None = None,
     batch_records: int = 1024,
+    gaps: Sequence[Gap] = (),
 ) -> AsyncGenerator[TieredRecord, None]:
     """Yield every record from `from_offset` on, in offset order, each exactly once.
 
     With `live=False` the stream ends once it has caught up with the committed offset;
-    with `live=True` it then waits for new records until the WAL closes.
+    with `live=True` it then waits for new records until the WAL closes. `gaps` (sorted,
+    disjoint) are offsets known to hold no message.
     """
     if from_offset < 0:
         raise ValueError(f"from_offset must be >= 0, got {from_offset}")
@@ -71,6 +79,13 @@ async def read_tiered(
     catalog: ObjectCatalog | None = None
     waited = False
     while True:
+        after = gap_end_after(gaps, next_offset)
+        if after != next_offset:
+            stats.reader_known_gaps += 1
+            log.debug(
+                "reader %s: stepping over skipped offsets %d..%d", topic, next_offset, after - 1
+            )
+            next_offset = after
         if next_offset < wal.first_offset:
             descriptor = catalog.find(next_offset) if catalog is not None else None
             if descriptor is None:
@@ -88,11 +103,17 @@ async def read_tiered(
                     yield TieredRecord(record, Tier.OBJECT)
                     next_offset = record.offset + 1
             continue
-        if next_offset <= wal.committed_offset:
+        committed = wal.committed_offset
+        if next_offset <= committed:
             try:
                 records = await wal.read(next_offset, batch_records)
             except OffsetUnavailableError:
                 continue  # retention just removed it: it is in object storage now
+            if not records:
+                # Nothing from here to `committed` in the WAL: those offsets were skipped
+                # (a gap) and will never exist. Later commits are above `committed`.
+                next_offset = committed + 1
+                continue
             tier = Tier.LIVE if waited else Tier.WAL
             waited = False
             for record in records:

@@ -29,7 +29,10 @@ class StorageStats:
     upload_failures: int = 0
     descriptors_skipped: int = 0
     cursor_flushes: int = 0
-    reader_gaps: int = 0
+    reader_gaps: int = 0  # holes a reader stepped over that no recorded gap explains
+    reader_known_gaps: int = 0  # recorded gaps (skipped offsets) a reader stepped over
+    reservation_extensions: int = 0  # metadata writes extending an offset reservation
+    reservation_stalls: int = 0  # appends that waited for a reservation extension
     opens_by_source: Counter[str] = field(default_factory=Counter)
     seals: int = 0
 

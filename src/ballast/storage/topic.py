@@ -1,11 +1,16 @@
 """`ReliableTopic`: the storage of one reliable topic on its owning broker.
 
 It ties the pieces together: on `open()` it decides where offsets continue (sealed
-state, object catalog, local WAL), then runs the WAL, the uploader and the subscription
-cursors, each a service owning its tasks. `append`, `read`, `subscribe` and `ack` serve
-producers and consumers; `seal()` hands the topic over: flush the WAL, drain the
-uploader, flush the cursors, write the sealed state (fenced on this owner's open), and
-release the local files.
+state, object catalog, local WAL, the previous owner's offset reservation), claims the
+topic with a reservation of its own (see `reservation`), then runs the WAL, the uploader
+and the subscription cursors, each a service owning its tasks. `append`, `read`,
+`subscribe` and `ack` serve producers and consumers; `seal()` hands the topic over: flush
+the WAL, drain the uploader, flush the cursors, write the sealed state (fenced on this
+owner's claim), and release the local files. `close()` stops without a seal and releases
+the unused part of the reservation.
+
+After a crash, the topic continues past the crashed owner's reservation; the offsets
+skipped (`gaps`) hold no message and readers step over them.
 
 The lifecycle is one transition table; an illegal event raises before anything changes.
 """
@@ -23,7 +28,7 @@ from typing import Self
 
 from ballast.clock import Clock, SystemClock
 from ballast.metadata import keys
-from ballast.metadata.store import Compare, MetadataStore, Put
+from ballast.metadata.store import MetadataStore
 from ballast.model import TopicName
 from ballast.storage.catalog import load_catalog
 from ballast.storage.codec import Headers, Message
@@ -31,7 +36,15 @@ from ballast.storage.config import StorageConfig
 from ballast.storage.cursor import SubscriptionCursors
 from ballast.storage.objects import ObjectStore
 from ballast.storage.reader import TieredRecord, read_tiered
-from ballast.storage.seal import SealedState, StartSource, StateError, choose_start
+from ballast.storage.reservation import TopicClaim, TopicFencedError
+from ballast.storage.seal import (
+    Gap,
+    SealedState,
+    StartSource,
+    StateError,
+    choose_start,
+    merge_gaps,
+)
 from ballast.storage.stats import StorageStats
 from ballast.storage.uploader import Uploader
 from ballast.storage.wal import WalRecovery, WriteAheadLog
@@ -79,10 +92,6 @@ class TopicStateError(RuntimeError):
     """An operation that the topic's lifecycle state does not allow."""
 
 
-class TopicFencedError(RuntimeError):
-    """Another broker took the topic over: this owner's seal was refused."""
-
-
 class SealError(RuntimeError):
     """The seal could not make everything durable in object storage."""
 
@@ -107,6 +116,8 @@ class OpenResult:
     local_end: int | None
     recovery: WalRecovery
     discarded_segments: int
+    gap: Gap | None = None  # offsets skipped by this open (held nowhere), if any
+    reserved_through: int = -1  # the reservation claimed on open
 
 
 class ReliableTopic:
@@ -141,7 +152,8 @@ class ReliableTopic:
         self._wal: WriteAheadLog | None = None
         self._uploader: Uploader | None = None
         self._cursors: SubscriptionCursors | None = None
-        self._state_revision = 0
+        self._claim: TopicClaim | None = None
+        self._gaps: tuple[Gap, ...] = ()
         self._opened: OpenResult | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -222,20 +234,38 @@ class ReliableTopic:
         recovery = await wal.recover()
         decision = choose_start(previous, catalog.end, recovery.last_offset)
         discarded = await wal.discard() if decision.discard_local else 0
-        await wal.open(decision.next_offset)
-        # Claim the topic: overwrite the state (fenced on what we read) with an unsealed
-        # record, so the seal we just used is never trusted again after we crash.
-        claim = SealedState(False, decision.next_offset - 1, self.broker_id, self._clock.now())
-        txn = await self._metadata.txn(
-            [Compare.mod_revision_equals(state_key, kv.mod_revision if kv else 0)],
-            [Put(state_key, claim.to_dict())],
+        await wal.open(decision.next_offset, allow_gap=True)
+        gaps = merge_gaps(
+            [
+                *(previous.gaps if previous is not None else ()),
+                *(recovery.gaps if not decision.discard_local else ()),
+                decision.gap,
+            ]
         )
-        if not txn.succeeded:
-            raise TopicFencedError(
-                f"{self.topic}: the storage state changed while opening; another broker is "
-                "taking the topic over"
-            )
-        self._state_revision = txn.revision
+        # Claim the topic: overwrite the state (fenced on what we read) with an unsealed
+        # record and a reservation, so the seal we just used is never trusted again after
+        # we crash, and whoever continues then starts after every offset we may assign.
+        reserved = decision.next_offset - 1 + self._config.offset_reservation_step
+        claim = TopicClaim(
+            self.topic,
+            self._metadata,
+            broker_id=self.broker_id,
+            clock=self._clock,
+            config=self._config,
+            stats=self.stats,
+        )
+        await claim.claim(
+            kv.mod_revision if kv else 0,
+            SealedState(
+                False,
+                decision.next_offset - 1,
+                self.broker_id,
+                self._clock.now(),
+                reserved_through=reserved,
+                gaps=gaps,
+            ),
+        )
+        wal.set_reserver(claim)
         checkpoint = catalog.end if catalog.end is not None else -1
         uploader = Uploader(
             self.topic,
@@ -246,23 +276,36 @@ class ReliableTopic:
             config=self._config,
             stats=self.stats,
             checkpoint=checkpoint,
+            gaps=gaps,
         )
         cursors = SubscriptionCursors(
             self.topic, self._metadata, clock=self._clock, config=self._config, stats=self.stats
         )
+        await stack.enter_async_context(claim)  # first in, last out: after the WAL stops
         await stack.enter_async_context(wal)
         await stack.enter_async_context(uploader)
         await stack.enter_async_context(cursors)
         self._wal, self._uploader, self._cursors = wal, uploader, cursors
+        self._claim, self._gaps = claim, gaps
         self.stats.opens_by_source[decision.source.value] += 1
+        if decision.gap is not None:
+            log.warning(
+                "storage %s: offsets %d..%d are skipped: the previous owner (%s) may have "
+                "assigned them, and they are neither in object storage nor here",
+                self.topic,
+                decision.gap[0],
+                decision.gap[1],
+                previous.broker_id if previous is not None else "unknown",
+            )
         log.info(
-            "storage %s: opened on %s at offset %d from %s (%s)%s",
+            "storage %s: opened on %s at offset %d from %s (%s)%s; reserved through %d",
             self.topic,
             self.broker_id,
             decision.next_offset,
             decision.source.value,
             decision.reason,
             f"; discarded {discarded} local segment(s)" if discarded else "",
+            reserved,
         )
         return OpenResult(
             topic=self.topic,
@@ -274,12 +317,23 @@ class ReliableTopic:
             local_end=recovery.last_offset,
             recovery=recovery,
             discarded_segments=discarded,
+            gap=decision.gap,
+            reserved_through=reserved,
         )
 
-    async def close(self) -> None:
-        """Stop without sealing (broker shutdown): flush, keep the local WAL for a restart."""
+    async def close(self, *, release_reservation: bool = True) -> None:
+        """Stop without sealing (broker shutdown): flush, keep the local WAL for a restart.
+
+        The unused part of the offset reservation is released, so the next open continues
+        right after the last offset. With ``release_reservation=False`` it stays, as after
+        a crash (for a broker that lost its metadata session; tests use it to crash): the
+        next owner then continues after the reservation, skipping the rest of it.
+        """
         self._transition("close")
         await self._stop()
+        claim, wal = self._claim, self._wal
+        if release_reservation and claim is not None and wal is not None:
+            await claim.release(wal.next_offset - 1)
 
     async def _stop(self) -> None:
         stack, self._stack = self._stack, None
@@ -296,7 +350,8 @@ class ReliableTopic:
         self._transition("seal")
         assert self._wal is not None and self._uploader is not None
         assert self._cursors is not None
-        state_key = keys.storage_state(self.topic)
+        # Appends still waiting for a reservation extension must not get an offset now.
+        self._wal.set_accepting_appends(False)
         try:
             last = await self._wal.flush()
             checkpoint = await self._uploader.drain()
@@ -306,9 +361,11 @@ class ReliableTopic:
                     f"the WAL up to {last}"
                 )
             await self._cursors.flush()
-            sealed = SealedState(True, last, self.broker_id, self._clock.now())
-            written = await self._write_sealed(state_key, sealed)
+            sealed = SealedState(True, last, self.broker_id, self._clock.now(), gaps=self._gaps)
+            assert self._claim is not None
+            written = await self._claim.write_sealed(sealed)
         except BaseException:
+            self._wal.set_accepting_appends(True)
             self._transition("seal_failed")
             raise
         if not written:
@@ -325,32 +382,6 @@ class ReliableTopic:
         log.info("storage %s: sealed by %s at offset %d", self.topic, self.broker_id, last)
         return sealed
 
-    async def _write_sealed(self, state_key: str, sealed: SealedState) -> bool:
-        """Write the sealed state if this broker's claim is still in place.
-
-        If an earlier attempt's reply was lost, the compare now fails although the state is
-        ours: a state sealed by this broker at the same offset counts as written.
-        """
-        txn = await self._metadata.txn(
-            [Compare.mod_revision_equals(state_key, self._state_revision)],
-            [Put(state_key, sealed.to_dict())],
-        )
-        if txn.succeeded:
-            self._state_revision = txn.revision
-            return True
-        current = await self._metadata.get(state_key)
-        if current is None:
-            return False
-        try:
-            state = SealedState.from_dict(current.value, state_key)
-        except StateError:
-            return False
-        return (
-            state.sealed
-            and state.broker_id == self.broker_id
-            and state.last_committed_offset == sealed.last_committed_offset
-        )
-
     # -- producers -----------------------------------------------------------------------
 
     @property
@@ -366,6 +397,18 @@ class ReliableTopic:
         if self._wal is None:
             raise TopicStateError(f"[lifecycle] {self.topic}: not opened yet")
         return self._wal.committed_offset
+
+    @property
+    def reserved_through(self) -> int:
+        """Highest offset this owner may assign before extending its reservation."""
+        if self._claim is None:
+            raise TopicStateError(f"[lifecycle] {self.topic}: not opened yet")
+        return self._claim.reserved_through
+
+    @property
+    def gaps(self) -> tuple[Gap, ...]:
+        """Offset ranges skipped after crashes: they hold no message (sorted, disjoint)."""
+        return self._gaps
 
     @property
     def uploaded_offset(self) -> int:
@@ -401,8 +444,9 @@ class ReliableTopic:
     ) -> AsyncIterator[TieredRecord]:
         """Records from `from_offset` (default: the next offset) on, in order, exactly once.
 
-        Older offsets come from object storage, then the WAL, then live appends. With
-        `live=False` the stream ends when caught up; otherwise when the topic stops.
+        Older offsets come from object storage, then the WAL, then live appends; offsets
+        in `gaps` are stepped over. With `live=False` the stream ends when caught up;
+        otherwise when the topic stops.
         """
         if self._status not in (TopicStatus.OPEN, TopicStatus.SEALING) or self._wal is None:
             raise TopicStateError(f"[lifecycle] {self.topic}: cannot read while {self._status}")
@@ -415,6 +459,7 @@ class ReliableTopic:
             start,
             live=live,
             stats=self.stats,
+            gaps=self._gaps,
         )
 
     async def subscribe(

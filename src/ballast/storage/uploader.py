@@ -6,7 +6,8 @@ object is written first and its descriptor second, so a descriptor never names a
 object; a crash in between leaves only an orphan object that nothing references. The
 descriptor is created only if absent, so a retried or repeated upload never duplicates a
 range. The checkpoint is the highest uploaded offset: it comes from the catalog on start,
-so it survives restarts and moves.
+so it survives restarts and moves. An object never spans a gap in the offsets (see
+`WriteAheadLog.open`): the range after a gap starts a new object.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Self, TypeVar
 
@@ -24,6 +25,7 @@ from ballast.model import TopicName
 from ballast.storage.catalog import ObjectDescriptor, PublishOutcome, publish_descriptor
 from ballast.storage.config import StorageConfig
 from ballast.storage.objects import ObjectBuilder, ObjectStore, ObjectStoreError
+from ballast.storage.seal import Gap, gap_end_after
 from ballast.storage.stats import StorageStats
 from ballast.storage.wal import WriteAheadLog
 
@@ -66,6 +68,7 @@ class Uploader:
         config: StorageConfig | None = None,
         stats: StorageStats | None = None,
         checkpoint: int = -1,
+        gaps: Sequence[Gap] = (),
     ) -> None:
         self.topic = topic
         self._wal = wal
@@ -75,6 +78,7 @@ class Uploader:
         self._config = config or StorageConfig()
         self._stats = stats or StorageStats()
         self._checkpoint = checkpoint
+        self._gaps = tuple(gaps)  # skipped offsets: nothing to upload there
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._task_group: asyncio.TaskGroup | None = None
@@ -138,28 +142,39 @@ class Uploader:
                 start = self._checkpoint + 1
                 first_local = self._wal.first_offset
                 if start < first_local:
-                    # Not in the local WAL and not uploaded: lost before this broker got it
-                    # (e.g. a crashed owner's disk). Nothing to upload; do not stall on it.
-                    log.error(
-                        "%s: offsets %d..%d are neither uploaded nor local; skipping them",
-                        self._name,
-                        start,
-                        first_local - 1,
-                    )
+                    # Not in the local WAL and not uploaded: skipped on open (a recorded
+                    # gap), or lost before this broker got it. Nothing to upload.
+                    if gap_end_after(self._gaps, start) < first_local:
+                        log.error(
+                            "%s: offsets %d..%d are neither uploaded nor local; skipping them",
+                            self._name,
+                            start,
+                            first_local - 1,
+                        )
                     self._checkpoint = first_local - 1
                     continue
                 builder = ObjectBuilder(self._config.index_interval_bytes)
                 cursor = start
-                while cursor <= target and builder.size < self._config.max_object_bytes:
+                contiguous = True
+                while (
+                    contiguous and cursor <= target and builder.size < self._config.max_object_bytes
+                ):
                     records = await self._wal.read(cursor, max_records=4096)
                     if not records:
                         break
                     for record in records:
+                        if builder.end is not None and record.offset != builder.end + 1:
+                            contiguous = False  # a gap: the rest goes into the next object
+                            break
                         builder.add(record)
                         cursor = record.offset + 1
                         if builder.size >= self._config.max_object_bytes:
                             break
                 if builder.count == 0:
+                    # Nothing in start..target although committed: skipped offsets (a gap
+                    # at the end of the WAL). Nothing to upload there, ever.
+                    self._checkpoint = target
+                    self._wal.mark_uploaded(target)
                     break
                 await self._upload_object(builder)
         await self._wal.apply_retention()

@@ -11,6 +11,15 @@ On open the segments are scanned and every CRC verified; a torn or corrupt tail 
 truncated at the last good record (and later segments dropped), counted and logged, and
 the log resumes at the next offset. Closed segments are deleted once they are in object
 storage *and* older than the retention period.
+
+Offsets are contiguous except across a gap declared on open (`open(..., allow_gap=True)`,
+when the topic continues past a crashed owner's reservation): the next append starts a
+new segment after the gap, and a marker file ``{start:020}-{end:020}.gap``, made durable
+before that segment exists, tells recovery that the jump is not a lost segment. Offsets
+in a gap do not exist: `read` continues at the next existing one.
+
+With an `OffsetReserver` set, no offset beyond its reservation is ever assigned: an append
+that would need one first waits for the reservation to be extended (or fails with it).
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Protocol, Self
 
 from ballast.clock import Clock
 from ballast.storage.codec import (
@@ -39,6 +48,7 @@ from ballast.storage.config import FsyncPolicy, StorageConfig
 from ballast.storage.stats import StorageStats
 
 __all__ = [
+    "OffsetReserver",
     "OffsetUnavailableError",
     "WalClosedError",
     "WalError",
@@ -49,6 +59,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SEGMENT_SUFFIX = ".wal"
+GAP_SUFFIX = ".gap"
 _SCAN_CHUNK = 4 * 1024 * 1024
 # Below this size a batch is written on the event loop thread: a write to the page cache
 # is quicker than a hop to a worker thread.
@@ -67,6 +78,23 @@ class OffsetUnavailableError(WalError):
     """The offset is no longer in the WAL (retention removed it): read object storage."""
 
 
+class OffsetReserver(Protocol):
+    """Who allows the WAL to assign offsets: the owner's reservation in the metadata store."""
+
+    @property
+    def limit(self) -> int:
+        """Highest offset that may be assigned now (-1: none)."""
+        ...
+
+    async def ensure(self, last_offset: int) -> None:
+        """Return once `limit` >= `last_offset`; raise if that cannot be (e.g. fenced)."""
+        ...
+
+    def note_next(self, next_offset: int) -> None:
+        """Offsets below `next_offset` are assigned (a chance to extend early)."""
+        ...
+
+
 @dataclass(frozen=True)
 class WalRecovery:
     """What the scan on open found."""
@@ -78,6 +106,7 @@ class WalRecovery:
     truncated_bytes: int
     dropped_segments: int
     corruption: str | None
+    gaps: tuple[tuple[int, int], ...] = ()  # declared gaps between the recovered segments
 
     @property
     def clean(self) -> bool:
@@ -142,6 +171,17 @@ class _Batch:
 
 def _segment_name(base: int) -> str:
     return f"{base:020d}{SEGMENT_SUFFIX}"
+
+
+def _gap_name(start: int, end: int) -> str:
+    return f"{start:020d}-{end:020d}{GAP_SUFFIX}"
+
+
+def _parse_gap_name(path: Path) -> tuple[int, int] | None:
+    start, sep, end = path.stem.partition("-")
+    if not sep or not start.isdigit() or not end.isdigit() or int(end) < int(start):
+        return None
+    return int(start), int(end)
 
 
 def _write_all(fd: int, data: bytes, sync: bool) -> None:
@@ -212,6 +252,9 @@ class WriteAheadLog:
         self._upload_trigger: Callable[[], None] | None = None
         self._task_group: asyncio.TaskGroup | None = None
         self._ticker: asyncio.Task[None] | None = None
+        self._reserver: OffsetReserver | None = None
+        self._gap_markers: dict[tuple[int, int], Path] = {}
+        self._accepting = True
 
     # -- state ---------------------------------------------------------------------------
 
@@ -242,6 +285,18 @@ class WriteAheadLog:
     def segment_count(self) -> int:
         """Number of segment files."""
         return len(self._segments)
+
+    def set_accepting_appends(self, accepting: bool) -> None:
+        """Refuse (False) or accept again (True) new appends, e.g. while sealing.
+
+        An append still waiting for its reservation is refused too: no offset is assigned
+        after a seal has taken the last committed offset.
+        """
+        self._accepting = accepting
+
+    def set_reserver(self, reserver: OffsetReserver | None) -> None:
+        """Assign offsets only within `reserver`'s reservation (None: no limit)."""
+        self._reserver = reserver
 
     def set_upload_trigger(self, trigger: Callable[[], None]) -> None:
         """Call `trigger` when `upload_threshold_bytes` are committed and not yet uploaded."""
@@ -278,7 +333,15 @@ class WriteAheadLog:
     def _recover_sync(self) -> WalRecovery:
         self.directory.mkdir(parents=True, exist_ok=True)
         files: list[tuple[int, Path]] = []
+        markers: dict[tuple[int, int], Path] = {}
         for path in self.directory.iterdir():
+            if path.suffix == GAP_SUFFIX:
+                gap = _parse_gap_name(path)
+                if gap is None:
+                    log.warning("%s: ignoring stray file %s", self.name, path)
+                else:
+                    markers[gap] = path
+                continue
             if path.suffix != SEGMENT_SUFFIX:
                 continue
             try:
@@ -292,11 +355,14 @@ class WriteAheadLog:
         corruption: str | None = None
         expected: int | None = None
         stop_at: int | None = None
+        bridged: list[tuple[int, int]] = []
         interval = self._config.index_interval_bytes
         for i, (base, path) in enumerate(files):
             if stop_at is not None:
                 break
-            if expected is not None and base != expected:
+            if expected is not None and base > expected and (expected, base - 1) in markers:
+                bridged.append((expected, base - 1))  # a declared gap, not a lost segment
+            elif expected is not None and base != expected:
                 corruption = f"segment {path.name} starts at {base}, expected {expected}"
                 stop_at = i
                 break
@@ -357,8 +423,21 @@ class WriteAheadLog:
             self._segments[-1].closed_at = None  # the last one keeps taking appends
         first = self._segments[0].base if self._segments else None
         last = self._segments[-1].last if self._segments else None
+        kept = {gap for gap in bridged if last is not None and gap[1] < last}
+        for gap, path in markers.items():
+            if gap in kept:
+                self._gap_markers[gap] = path
+            else:
+                path.unlink(missing_ok=True)  # stale: bridges nothing that is left
         return WalRecovery(
-            first, last, len(self._segments), records, truncated, dropped, corruption
+            first,
+            last,
+            len(self._segments),
+            records,
+            truncated,
+            dropped,
+            corruption,
+            tuple(sorted(kept)),
         )
 
     async def discard(self) -> int:
@@ -370,16 +449,26 @@ class WriteAheadLog:
             with contextlib.suppress(FileNotFoundError):
                 await asyncio.to_thread(segment.path.unlink)
         self._segments.clear()
+        for path in self._gap_markers.values():
+            with contextlib.suppress(FileNotFoundError):
+                await asyncio.to_thread(path.unlink)
+        self._gap_markers.clear()
         return count
 
-    async def open(self, next_offset: int) -> None:
-        """Continue at `next_offset`; it must follow the recovered records exactly."""
+    async def open(self, next_offset: int, *, allow_gap: bool = False) -> None:
+        """Continue at `next_offset`; it must follow the recovered records exactly.
+
+        With `allow_gap`, it may also lie beyond them: the offsets in between never exist
+        (the next append starts a new segment and records the gap).
+        """
         if not self._recovered:
             await self.recover()
         if self._opened:
             raise WalError(f"{self.name}: already open")
         last = self._segments[-1].last if self._segments else None
-        if last is not None and next_offset != last + 1:
+        if last is not None and not (
+            next_offset == last + 1 or (allow_gap and next_offset > last + 1)
+        ):
             raise WalError(
                 f"{self.name}: local segments end at offset {last}, cannot continue at "
                 f"{next_offset}; discard() them first"
@@ -460,11 +549,29 @@ class WriteAheadLog:
             raise WalError(f"{self.name}: failed earlier: {self._failure}") from self._failure
         if not self._running or self._closing:
             raise WalClosedError(f"{self.name}: not accepting appends (closed or not started)")
+        if not self._accepting:
+            raise WalClosedError(f"{self.name}: not accepting appends (sealing)")
+
+    async def _reserve(self, count: int) -> None:
+        """Wait until the reservation covers the next `count` offsets."""
+        reserver = self._reserver
+        assert reserver is not None
+        while self._next_offset + count - 1 > reserver.limit:
+            self._check_writable()
+            self._stats.reservation_stalls += 1
+            await reserver.ensure(self._next_offset + count - 1)
 
     def _enqueue(self, messages: Sequence[Message]) -> tuple[int, _Batch]:
         self._check_writable()
         now = self._clock.now()
         first = self._next_offset
+        reserver = self._reserver
+        if reserver is not None and first + len(messages) - 1 > reserver.limit:
+            # Unreachable through append(): the one rule reservations exist for.
+            raise WalError(
+                f"{self.name}: offsets {first}..{first + len(messages) - 1} are not reserved "
+                f"(reserved through {reserver.limit})"
+            )
         batch = self._pending
         for i, message in enumerate(messages):
             record = Record(first + i, now, message.payload, message.key, message.headers)
@@ -474,6 +581,8 @@ class WriteAheadLog:
             batch.nbytes += len(frame)
         self._next_offset = first + len(messages)
         self._wake.set()
+        if reserver is not None:
+            reserver.note_next(self._next_offset)
         return first, batch
 
     async def append(
@@ -484,6 +593,8 @@ class WriteAheadLog:
         headers: tuple[tuple[str, bytes], ...] = (),
     ) -> int:
         """Append one message; returns its offset once it is durable per the policy."""
+        if self._reserver is not None and self._next_offset > self._reserver.limit:
+            await self._reserve(1)
         offset, batch = self._enqueue([Message(payload, key, headers)])
         # Shielded: one cancelled producer must not fail the batch shared with others.
         await asyncio.shield(batch.waiter())
@@ -493,6 +604,11 @@ class WriteAheadLog:
         """Append messages with consecutive offsets; returns them once durable."""
         if not messages:
             return range(self._next_offset, self._next_offset)
+        if (
+            self._reserver is not None
+            and self._next_offset + len(messages) - 1 > self._reserver.limit
+        ):
+            await self._reserve(len(messages))
         first, batch = self._enqueue(messages)
         await asyncio.shield(batch.waiter())
         return range(first, first + len(messages))
@@ -548,10 +664,13 @@ class WriteAheadLog:
         data = b"".join(batch.frames)
         async with self._io_lock:
             active = self._segments[-1] if self._segments else None
-            if active is None or (
-                active.size >= self._config.segment_bytes and active.last is not None
+            first = batch.records[0].offset
+            if (
+                active is None
+                or (active.size >= self._config.segment_bytes and active.last is not None)
+                or (active.last is not None and first != active.last + 1)  # after a gap
             ):
-                await self._roll(batch.records[0].offset)
+                await self._roll(first)
             assert self._fd is not None
             if sync or len(data) > _INLINE_WRITE_BYTES:
                 await asyncio.to_thread(_write_all, self._fd, data, sync)
@@ -565,6 +684,15 @@ class WriteAheadLog:
     async def _roll(self, base: int) -> None:
         """Close the active segment (fsynced unless the policy is `never`), start a new one."""
         policy = self._config.fsync_policy
+        previous = self._segments[-1].last if self._segments else None
+        if previous is not None and base > previous + 1:
+            # Declare the gap durably before a segment after it exists: recovery must not
+            # take the jump for a lost segment (and drop everything after it).
+            gap = (previous + 1, base - 1)
+            marker = self.directory / _gap_name(*gap)
+            await asyncio.to_thread(marker.touch)
+            await asyncio.to_thread(_fsync_dir, self.directory)
+            self._gap_markers[gap] = marker
         if self._fd is not None:
             fd, self._fd = self._fd, None
             if policy is not FsyncPolicy.NEVER and self._dirty:
@@ -649,6 +777,14 @@ class WriteAheadLog:
         if i < 0:
             raise OffsetUnavailableError(f"{self.name}: offset {from_offset} not in any segment")
         segment = self._segments[i]
+        if segment.last is not None and from_offset > segment.last:
+            # In a gap after this segment: those offsets do not exist, the next one does.
+            if i + 1 >= len(self._segments):
+                return []
+            segment = self._segments[i + 1]
+            from_offset = segment.base
+        if segment.last is None:
+            return []  # just rolled, nothing committed in it yet
         limit = segment.size
         position = segment.position_for(from_offset)
         chunk = self._config.read_batch_bytes
@@ -695,6 +831,9 @@ class WriteAheadLog:
         if deleted:
             self._stats.wal_segments_deleted += deleted
             first = self.first_offset
+            for gap in [g for g in self._gap_markers if g[1] < first]:
+                with contextlib.suppress(FileNotFoundError):
+                    await asyncio.to_thread(self._gap_markers.pop(gap).unlink)
             if self._cache and self._cache_start < first:
                 del self._cache[: first - self._cache_start]
                 self._cache_start = first

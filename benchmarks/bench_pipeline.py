@@ -1,0 +1,295 @@
+"""Benchmark of the load-history pipeline: Spark local[2] against a single-process pandas
+baseline doing the same aggregations on the same files. Prints JSON.
+
+    python benchmarks/bench_pipeline.py                 # 1M, 10M and 30M topic rows
+    python benchmarks/bench_pipeline.py --sizes 1M,10M  # a subset
+
+For each size: generate a history (2000 topics, 10 brokers, 30 s reports; the hours
+follow from the size), run the whole `analyze` job on local[2] (parse, validate,
+quarantine, windows, strategy comparison, topic windows, plan, report) with its
+per-stage timings, then the pandas baseline: `json.loads` per line, flatten, the broker
+and topic window aggregates, strategy scores and CV. The baseline does no validation,
+quarantine, deduplication, plan or report, so the ratio flatters pandas a little.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ballast.balance.scoring import (
+    balanced_score,
+    fair_score,
+    topic_load_score,
+    weighted_load_score,
+)
+from ballast.pipeline.generate import GeneratorSpec, generate_history
+from ballast.pipeline.job import AnalyzeOptions, run_analysis
+from ballast.pipeline.session import build_session
+from ballast.pipeline.transforms import add_usage_ewma
+
+TOPICS, BROKERS, INTERVAL = 2000, 10, 30.0
+WINDOW = 300.0
+SIZES = {"1M": 1_000_000, "10M": 10_000_000, "30M": 30_000_000}
+
+
+def _hours_for(rows: int) -> float:
+    # ~92 % of topics exist on average (15 % are created during the run).
+    per_hour = 3600 / INTERVAL * TOPICS * 0.925
+    return math.ceil(rows / per_hour * 4) / 4
+
+
+def pandas_baseline(files: list[str]) -> dict[str, Any]:
+    """The job's aggregations in plain pandas/NumPy, one process."""
+    started = time.perf_counter()
+    brokers: list[tuple[Any, ...]] = []
+    t_broker, t_ts, t_topic, t_msg, t_byte, t_conn, t_backlog = [], [], [], [], [], [], []
+    for path in files:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                d = json.loads(line)
+                topics = d["topics"]
+                conn = sum(t["producers"] + t["consumers"] for t in topics)
+                brokers.append(
+                    (
+                        d["broker_id"],
+                        d["timestamp"],
+                        d["cpu_percent"],
+                        d["memory_percent"],
+                        d["disk_io_bps"],
+                        d["network_io_bps"],
+                        len(topics),
+                        d["total_throughput_mbps"],
+                        conn,
+                        d["total_backlog"],
+                    )
+                )
+                for t in topics:
+                    t_broker.append(d["broker_id"])
+                    t_ts.append(d["timestamp"])
+                    t_topic.append(t["topic"])
+                    t_msg.append(t["msg_rate"])
+                    t_byte.append(t["byte_rate"])
+                    t_conn.append(t["producers"] + t["consumers"])
+                    t_backlog.append(t["backlog"])
+    parsed = time.perf_counter()
+    b = pd.DataFrame(
+        brokers,
+        columns=[
+            "broker_id",
+            "timestamp",
+            "cpu",
+            "mem",
+            "disk",
+            "net",
+            "topic_count",
+            "thr",
+            "conn",
+            "backlog",
+        ],
+    )
+    topics = pd.DataFrame(
+        {
+            "broker_id": t_broker,
+            "timestamp": t_ts,
+            "topic": pd.Categorical(t_topic),
+            "msg_rate": t_msg,
+            "byte_rate": t_byte,
+            "connections": t_conn,
+            "backlog": t_backlog,
+        }
+    )
+    del brokers, t_broker, t_ts, t_topic, t_msg, t_byte, t_conn, t_backlog
+    flattened = time.perf_counter()
+
+    # Broker windows.
+    b["window_start"] = np.floor(b["timestamp"] / WINDOW) * WINDOW
+    b["wtl"] = topic_load_score(b["topic_count"], b["thr"], b["conn"], b["backlog"])
+    b["usage"] = np.maximum(b["cpu"], b["mem"])
+    g = b.groupby(["window_start", "broker_id"], sort=True)
+    stats = {}
+    for col in ("cpu", "mem", "thr", "topic_count"):
+        stats[f"{col}_mean"] = g[col].mean()
+        stats[f"{col}_p95"] = g[col].quantile(0.95)
+        stats[f"{col}_max"] = g[col].max()
+    for col in ("disk", "net", "wtl"):
+        stats[f"{col}_mean"] = g[col].mean()
+    stats["usage_mean"] = g["usage"].mean()
+    bw = pd.DataFrame(stats).reset_index()
+    bw = add_usage_ewma(bw)
+
+    # Strategy scores and statistics per window.
+    per_window = bw.groupby("window_start")
+
+    def norm(col: str) -> pd.Series:
+        return bw[col] / np.maximum(1.0, per_window[col].transform("max"))
+
+    reports_resources = (per_window["cpu_mean"].transform("max") > 0) | (
+        per_window["mem_mean"].transform("max") > 0
+    )
+    bw["fair"] = fair_score(bw["topic_count_mean"])
+    bw["balanced"] = np.where(
+        reports_resources,
+        balanced_score(bw["wtl_mean"], bw["cpu_mean"], bw["mem_mean"]),
+        bw["fair"],
+    )
+    bw["weighted_load"] = weighted_load_score(
+        norm("cpu_mean"),
+        norm("mem_mean"),
+        norm("disk_mean"),
+        norm("net_mean"),
+        norm("thr_mean"),
+        norm("wtl_mean"),
+    )
+    comparison = []
+    for strategy in ("fair", "balanced", "weighted_load"):
+        s = bw.groupby("window_start")[strategy].agg(["count", "mean", "min", "max"])
+        s["std"] = bw.groupby("window_start")[strategy].std(ddof=0)
+        s["cv"] = np.where((s["count"] >= 2) & (s["mean"] > 0), s["std"] / s["mean"], 0.0)
+        comparison.append(s.assign(strategy=strategy))
+    strategy_table = pd.concat(comparison)
+    brokers_done = time.perf_counter()
+
+    # Topic windows.
+    topics["window_start"] = np.floor(topics["timestamp"] / WINDOW) * WINDOW
+    topics["load_score"] = topic_load_score(
+        1, topics["byte_rate"] / 1e6, topics["connections"], topics["backlog"]
+    )
+    topics = topics.sort_values(["window_start", "topic", "timestamp"], kind="stable")
+    tg = topics.groupby(["window_start", "topic"], sort=True, observed=True)
+    tw = pd.DataFrame(
+        {
+            "broker_id": tg["broker_id"].last(),
+            "samples": tg["msg_rate"].size(),
+            "msg_rate_mean": tg["msg_rate"].mean(),
+            "msg_rate_p95": tg["msg_rate"].quantile(0.95),
+            "byte_rate_mean": tg["byte_rate"].mean(),
+            "byte_rate_p95": tg["byte_rate"].quantile(0.95),
+            "connections_mean": tg["connections"].mean(),
+            "load_score_mean": tg["load_score"].mean(),
+            "load_score_p95": tg["load_score"].quantile(0.95),
+            "backlog_first": tg["backlog"].first(),
+            "backlog_last": tg["backlog"].last(),
+        }
+    )
+    # Least-squares slope from centred sums.
+    x = topics["timestamp"] - tg["timestamp"].transform("mean")
+    y = topics["backlog"] - tg["backlog"].transform("mean")
+    sxy = (x * y).groupby([topics["window_start"], topics["topic"]], observed=True).sum()
+    sxx = (x * x).groupby([topics["window_start"], topics["topic"]], observed=True).sum()
+    tw["backlog_slope"] = (sxy / sxx.where(sxx > 0)).to_numpy()
+    done = time.perf_counter()
+    return {
+        "seconds": round(done - started, 2),
+        "parse_seconds": round(parsed - started, 2),
+        "flatten_seconds": round(flattened - parsed, 2),
+        "broker_and_strategy_seconds": round(brokers_done - flattened, 2),
+        "topic_windows_seconds": round(done - brokers_done, 2),
+        "broker_windows": len(bw),
+        "strategy_rows": len(strategy_table),
+        "topic_windows": len(tw),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", default="1M,10M,30M", help="comma-separated: 1M, 10M, 30M")
+    parser.add_argument("--driver-memory", default="4g")
+    parser.add_argument("--workdir", default=None, help="where to generate (default: a temp dir)")
+    parser.add_argument("--no-pandas", action="store_true", help="skip the pandas baseline")
+    args = parser.parse_args()
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        parser.error(f"unknown size(s) {unknown}: choose from {', '.join(SIZES)}")
+    workdir = args.workdir or tempfile.mkdtemp(prefix="ballast-bench-")
+    started = time.perf_counter()
+    spark = build_session("local[2]", app_name="ballast-bench", driver_memory=args.driver_memory)
+    session_seconds = round(time.perf_counter() - started, 2)
+    results = []
+    try:
+        for size in sizes:
+            history = os.path.join(workdir, f"history-{size}")
+            out = os.path.join(workdir, f"out-{size}")
+            shutil.rmtree(history, ignore_errors=True)
+            t0 = time.perf_counter()
+            gen = generate_history(
+                GeneratorSpec(
+                    brokers=BROKERS,
+                    topics=TOPICS,
+                    hours=_hours_for(SIZES[size]),
+                    seed=1,
+                    interval_seconds=INTERVAL,
+                ),
+                history,
+            )
+            gen_seconds = time.perf_counter() - t0
+            size_bytes = sum(os.path.getsize(f) for f in gen.files)
+            t0 = time.perf_counter()
+            result = run_analysis(
+                spark, AnalyzeOptions(history=history, out=out, window_seconds=WINDOW)
+            )
+            spark_seconds = time.perf_counter() - t0
+            entry: dict[str, Any] = {
+                "size": size,
+                "topic_rows": gen.topic_rows,
+                "reports": gen.reports,
+                "history_bytes": size_bytes,
+                "generate_seconds": round(gen_seconds, 2),
+                "generate_rows_per_second": round(gen.topic_rows / gen_seconds),
+                "spark_seconds": round(spark_seconds, 2),
+                "spark_rows_per_second": round(gen.topic_rows / spark_seconds),
+                "spark_stage_seconds": result.timings,
+                "topic_windows": None,
+                "plan_moves": len(result.plan["plan"]["moves"]),
+            }
+            entry["topic_windows"] = len(
+                pd.read_parquet(os.path.join(out, "topic_windows"), columns=["topic"])
+            )
+            if not args.no_pandas:
+                gc.collect()
+                baseline = pandas_baseline(list(gen.files))
+                entry["pandas"] = baseline
+                entry["pandas_rows_per_second"] = round(gen.topic_rows / baseline["seconds"])
+                entry["pandas_over_spark"] = round(baseline["seconds"] / spark_seconds, 2)
+                gc.collect()
+            results.append(entry)
+            print(json.dumps(entry), file=sys.stderr, flush=True)
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(history, ignore_errors=True)
+    finally:
+        spark.stop()
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(
+        json.dumps(
+            {
+                "benchmark": "pipeline",
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "spark_master": "local[2]",
+                    "driver_memory": args.driver_memory,
+                },
+                "spark_session_start_seconds": session_seconds,
+                "results": results,
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Run one broker process: ``python -m ballast.cluster.run --etcd URL [--config F] [--id ID]``.
+
+The same `serve` backs ``ballast broker``. It serves until SIGINT or SIGTERM, then leaves
+gracefully (topics sealed, leadership handed over, leases revoked). Topics are served by
+a `SyntheticHost` (the reliable-topic host plugs in through the same `TopicHost` protocol).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable
+
+from ballast.clock import SystemClock
+from ballast.cluster.cluster import build_broker
+from ballast.cluster.host import HostSampler, SyntheticHost, idle_profiles, mixed_profiles
+from ballast.config import BallastConfig, load_config
+from ballast.metadata.factory import open_store
+from ballast.model import BrokerId, validate_broker_id
+
+log = logging.getLogger(__name__)
+
+PROFILES = {"idle": idle_profiles, "mixed": mixed_profiles}
+
+
+def default_broker_id(config: BallastConfig) -> BrokerId:
+    """`broker.id` from the configuration, else ``{hostname}-{pid}``."""
+    if config.broker.id:
+        return validate_broker_id(config.broker.id, "broker.id")
+    host = "".join(c if c.isalnum() or c in "-_." else "-" for c in socket.gethostname())
+    return validate_broker_id(f"{host or 'broker'}-{os.getpid()}")
+
+
+async def serve(
+    etcd: str | None,
+    config: BallastConfig,
+    broker_id: BrokerId | None = None,
+    *,
+    profiles: str = "idle",
+    synthetic_resources: bool = False,
+    on_started: Callable[[BrokerId], None] | None = None,
+) -> None:
+    """Serve one broker until SIGINT/SIGTERM."""
+    broker_id = validate_broker_id(broker_id) if broker_id else default_broker_id(config)
+    clock = SystemClock()
+    store = open_store(etcd, clock)
+    async with store:
+        host = SyntheticHost(broker_id, clock, PROFILES[profiles])
+        history_dir = config.history.directory if config.history.enabled else None
+        process = build_broker(
+            store,
+            clock,
+            config,
+            broker_id,
+            host,
+            sampler=HostSampler(host) if synthetic_resources else None,
+            history_dir=history_dir,
+        )
+        if config.metrics.enabled:
+            process.metrics.serve(config.metrics.host, config.metrics.port)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, process.stop.set)
+        runner = asyncio.ensure_future(process.run())
+        started = asyncio.ensure_future(process.started.wait())
+        await asyncio.wait({runner, started}, return_when=asyncio.FIRST_COMPLETED)
+        if process.started.is_set() and on_started is not None:
+            on_started(broker_id)
+        started.cancel()
+        await runner
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command-line entry for one broker process."""
+    parser = argparse.ArgumentParser(prog="python -m ballast.cluster.run", description=__doc__)
+    parser.add_argument("--etcd", default=None, help="etcd endpoints (default: embedded memory)")
+    parser.add_argument("--config", default=None, help="broker YAML configuration")
+    parser.add_argument("--id", default=None, help="broker id (default: broker.id or host-pid)")
+    parser.add_argument("--profiles", choices=sorted(PROFILES), default="idle")
+    parser.add_argument("--synthetic-resources", action="store_true")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    config = load_config(args.config)
+
+    def started(broker_id: BrokerId) -> None:
+        # Tests wait for this line before they start killing things.
+        print(f"BROKER-STARTED {broker_id}", flush=True)
+
+    asyncio.run(
+        serve(
+            args.etcd,
+            config,
+            args.id,
+            profiles=args.profiles,
+            synthetic_resources=args.synthetic_resources,
+            on_started=started,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

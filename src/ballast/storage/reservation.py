@@ -1,0 +1,338 @@
+"""The owner's claim on a topic's state key, and the offsets it has reserved.
+
+Opening a topic claims it: the state key (``keys.storage_state(topic)``) gets an unsealed
+record with the owner's id and `reserved_through`, fenced on the revision the owner read.
+The owner's WAL assigns no offset beyond `reserved_through`; before it would, the
+reservation is extended by another write to the key. Every write of the owner to the key
+(extending, releasing on close, sealing) is fenced on the revision of its previous one, so
+once another broker has claimed the topic, the deposed owner can neither extend its
+reservation (its appends beyond it fail with `TopicFencedError`) nor seal.
+
+Whoever opens the topic after a crash continues after the reservation, so it never reuses
+an offset the crashed owner may have acknowledged, even when that owner's disk is gone.
+Extensions happen early (when less than half a step is left) in the background, so
+appends normally never wait for the metadata store: one write per
+`offset_reservation_step` offsets. A graceful close releases the unused part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+from types import TracebackType
+from typing import Self
+
+from ballast.clock import Clock
+from ballast.metadata import keys
+from ballast.metadata.store import Compare, MetadataError, MetadataStore, Put
+from ballast.model import TopicName
+from ballast.storage.config import StorageConfig
+from ballast.storage.seal import SealedState, StateError
+from ballast.storage.stats import StorageStats
+
+__all__ = ["ReservationError", "TopicClaim", "TopicFencedError"]
+
+log = logging.getLogger(__name__)
+
+# After a failed background extension, wait this long before trying early again (an
+# append that needs the extension still tries at once).
+_EARLY_RETRY_SECONDS = 1.0
+_EXTEND_ATTEMPTS = 2
+
+
+class TopicFencedError(RuntimeError):
+    """Another broker took the topic over: this owner's write to its state was refused."""
+
+
+class ReservationError(RuntimeError):
+    """The offset reservation could not be extended (metadata store failure); retryable."""
+
+
+class TopicClaim:
+    """This broker's claim on a topic and its offset reservation (an `OffsetReserver`).
+
+    ``async with claim:`` scopes the background extension task; the writes (`claim`,
+    `ensure`, `release`, `write_sealed`) are serialized and each fenced on the previous.
+    """
+
+    def __init__(
+        self,
+        topic: TopicName,
+        metadata: MetadataStore,
+        *,
+        broker_id: str,
+        clock: Clock,
+        config: StorageConfig | None = None,
+        stats: StorageStats | None = None,
+    ) -> None:
+        self.topic = topic
+        self.broker_id = broker_id
+        self.key = keys.storage_state(topic)
+        self._metadata = metadata
+        self._clock = clock
+        self._step = (config or StorageConfig()).offset_reservation_step
+        self._stats = stats or StorageStats()
+        self._state: SealedState | None = None  # what this owner wrote last
+        self._revision = 0  # mod revision of that write
+        self._limit = -1  # highest offset that may be assigned now
+        self._lock = asyncio.Lock()
+        self._inflight: asyncio.Task[None] | None = None
+        self._uncertain: list[SealedState] = []  # writes whose outcome is unknown
+        self._fenced = False
+        self._done = False  # released or sealed: no more extensions
+        self._early_retry_at = -math.inf
+        self._name = f"claim{topic}"
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def state(self) -> SealedState:
+        """The state this owner wrote last."""
+        if self._state is None:
+            raise RuntimeError(f"{self._name}: not claimed yet")
+        return self._state
+
+    @property
+    def limit(self) -> int:
+        """Highest offset that may be assigned now (-1 once fenced)."""
+        return self._limit
+
+    @property
+    def reserved_through(self) -> int:
+        """The reservation as written in the metadata store (-1 before the claim)."""
+        state = self._state
+        return -1 if state is None or state.reserved_through is None else state.reserved_through
+
+    @property
+    def fenced(self) -> bool:
+        """True once a write was refused because another broker claimed the topic."""
+        return self._fenced
+
+    # -- service lifecycle -----------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task, self._inflight = self._inflight, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+    # -- writes ----------------------------------------------------------------------------
+
+    async def claim(self, expected_revision: int, state: SealedState) -> None:
+        """Write the owner's unsealed record if the key is still at `expected_revision`."""
+        if state.sealed or state.reserved_through is None:
+            raise ValueError(f"{self._name}: a claim is unsealed and has a reservation")
+        async with self._lock:
+            # If this fails but got through, whoever opens next continues after it: safe.
+            txn = await self._metadata.txn(
+                [Compare.mod_revision_equals(self.key, expected_revision)],
+                [Put(self.key, state.to_dict())],
+            )
+            if not txn.succeeded:
+                raise TopicFencedError(
+                    f"{self.topic}: the storage state changed while opening; another broker "
+                    "is taking the topic over"
+                )
+            self._state, self._revision = state, txn.revision
+            self._limit = state.reserved_through
+
+    async def ensure(self, last_offset: int) -> None:
+        """Return once offsets up to `last_offset` are reserved; extend if needed.
+
+        Raises `TopicFencedError` if another broker claimed the topic, `ReservationError`
+        if the metadata store failed (the next call tries again).
+        """
+        while self._limit < last_offset:
+            if self._fenced:
+                raise self._fenced_error()
+            if self._done:
+                raise ReservationError(f"{self._name}: the reservation was released")
+            task = self._inflight
+            own = task is None
+            if task is None:
+                task = self._start(max(self._limit, last_offset) + self._step)
+            try:
+                await asyncio.shield(task)
+            except ReservationError:
+                if own:
+                    raise
+                # A background extension failed; this append makes its own attempt.
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if task.cancelled() and not (current is not None and current.cancelling()):
+                    raise ReservationError(f"{self._name}: stopped while extending") from None
+                raise
+
+    def note_next(self, next_offset: int) -> None:
+        """Offsets below `next_offset` are assigned: extend in the background when less
+        than half a step of the reservation is left."""
+        if (
+            self._inflight is None
+            and (self._limit - next_offset + 1) * 2 <= self._step
+            and not self._fenced
+            and not self._done
+            and self._state is not None
+            and self._clock.now() >= self._early_retry_at
+        ):
+            self._start(self._limit + self._step)
+
+    async def release(self, last_assigned: int) -> None:
+        """Shrink the reservation to what was assigned (graceful close); best effort.
+
+        Whoever opens next then continues right after `last_assigned`, without a gap. If
+        the write fails, the reservation stays: the next owner skips it, which is safe.
+        """
+        async with self._lock:
+            self._done = True
+            state = self._state
+            if self._fenced or state is None or self.reserved_through <= last_assigned:
+                return
+            released = dataclasses.replace(state, reserved_through=last_assigned)
+            try:
+                written = await self._write(released)
+            except MetadataError as exc:
+                log.warning(
+                    "%s: could not release the reservation beyond %d (kept): %s",
+                    self._name,
+                    last_assigned,
+                    exc,
+                )
+                return
+            if not written:
+                self._fence()
+                log.info("%s: not releasing the reservation: another broker claimed it", self._name)
+                return
+            self._limit = last_assigned
+
+    async def write_sealed(self, sealed: SealedState) -> bool:
+        """Write the sealed state if this claim is still in place; False if fenced.
+
+        Exceptions of the metadata store propagate (the seal fails, the topic stays open).
+        """
+        async with self._lock:
+            if self._fenced:
+                return False
+            written = await self._write(sealed)
+            if written:
+                self._done = True
+            else:
+                self._fence()
+            return written
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _start(self, target: int) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(
+            self._extend(target), name=f"{self._name}/extend"
+        )
+        self._inflight = task
+        task.add_done_callback(self._extension_done)
+        return task
+
+    def _extension_done(self, task: asyncio.Task[None]) -> None:
+        if self._inflight is task:
+            self._inflight = None
+        if task.cancelled():
+            return
+        exc = task.exception()  # retrieved here: nobody may be waiting for it
+        if isinstance(exc, ReservationError) and not self._done:
+            self._early_retry_at = self._clock.now() + _EARLY_RETRY_SECONDS
+            log.warning("%s", exc)
+
+    async def _extend(self, target: int) -> None:
+        async with self._lock:
+            if self._fenced:
+                raise self._fenced_error()
+            if self._done:
+                raise ReservationError(f"{self._name}: the reservation was released")
+            if self._limit >= target:
+                return
+            extended = dataclasses.replace(self.state, reserved_through=target)
+            for attempt in range(_EXTEND_ATTEMPTS):
+                try:
+                    written = await self._write(extended)
+                    break
+                except MetadataError as exc:
+                    # Once more at once: after a lost reply, the retry adopts the write.
+                    if attempt + 1 == _EXTEND_ATTEMPTS:
+                        raise ReservationError(
+                            f"{self._name}: could not extend the offset reservation to "
+                            f"{target}: {exc}"
+                        ) from exc
+            if not written:
+                self._fence()
+                raise self._fenced_error()
+            self._limit = target
+            self._early_retry_at = -math.inf
+            self._stats.reservation_extensions += 1
+            log.debug("%s: offsets reserved through %d", self._name, target)
+
+    async def _write(self, state: SealedState) -> bool:
+        """Put `state` if the key is at this owner's last revision; False if it is not.
+
+        A write whose reply was lost may still have been applied: if the key now holds
+        exactly such a write of ours, it is adopted and the put is tried again. (A sealed
+        state of this broker at the same offset also counts, as a seal retried after a
+        lost reply.)
+        """
+        try:
+            txn = await self._metadata.txn(
+                [Compare.mod_revision_equals(self.key, self._revision)],
+                [Put(self.key, state.to_dict())],
+            )
+        except BaseException:
+            self._uncertain.append(state)
+            raise
+        if txn.succeeded:
+            self._state, self._revision = state, txn.revision
+            self._uncertain.clear()
+            return True
+        current = await self._metadata.get(self.key)
+        if current is None:
+            return False
+        try:
+            found = SealedState.from_dict(current.value, self.key)
+        except StateError:
+            return False
+        if found in self._uncertain:
+            self._state, self._revision = found, current.mod_revision
+            self._uncertain.clear()
+            return await self._write(state)
+        if (
+            state.sealed
+            and found.sealed
+            and found.broker_id == self.broker_id
+            and found.last_committed_offset == state.last_committed_offset
+        ):
+            self._state, self._revision = found, current.mod_revision
+            return True
+        return False
+
+    def _fence(self) -> None:
+        if not self._fenced:
+            log.warning(
+                "%s: another broker claimed the topic; %s stops assigning offsets",
+                self._name,
+                self.broker_id,
+            )
+        self._fenced = True
+        self._limit = -1
+
+    def _fenced_error(self) -> TopicFencedError:
+        return TopicFencedError(
+            f"{self.topic}: the storage state was changed by another broker; "
+            f"{self.broker_id} no longer owns the topic and cannot extend its offset "
+            f"reservation beyond {self.reserved_through}"
+        )

@@ -1,0 +1,219 @@
+"""`BrokerNode` on its own: the test plays the leader by writing keys; time is a FakeClock."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from ballast.clock import FakeClock, SystemClock
+from ballast.cluster import AdminClient, BrokerNode, ClusterMetrics, LocalCluster, SyntheticHost
+from ballast.cluster.records import assignment_value
+from ballast.cluster.resources import FixedSampler, ResourceUsage
+from ballast.metadata import MetadataStore, keys
+from ballast.metadata.memory import MemoryStore
+from ballast.model import (
+    Assignment,
+    BrokerMode,
+    BrokerState,
+    LoadReport,
+    MarkerReason,
+    UnassignedMarker,
+)
+from tests.cluster.helpers import fast_config, host_mismatch, hosts_match, wait_settled, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+async def node() -> AsyncIterator[tuple[BrokerNode, SyntheticHost, MemoryStore, FakeClock]]:
+    clock = FakeClock()
+    async with MemoryStore(clock) as store:
+        host = SyntheticHost("b1", clock)
+        sampler = FixedSampler(ResourceUsage(cpu_percent=12.5, memory_percent=40.0))
+        config = fast_config(ttl=10.0, report_interval=5.0)
+        async with BrokerNode(store, clock, host, config, "b1", sampler=sampler) as broker:
+            await clock.advance(0)
+            yield broker, host, store, clock
+
+
+async def test_registers_reports_and_follows_its_assignments(
+    node: tuple[BrokerNode, SyntheticHost, MemoryStore, FakeClock],
+) -> None:
+    broker, host, store, clock = node
+    registration = await store.get(keys.register("b1"))
+    assert registration is not None and registration.lease == broker.lease.id  # type: ignore[union-attr]
+    state = await store.get(keys.broker_state("b1"))
+    assert state is not None and BrokerState.from_dict(state.value).mode is BrokerMode.ACTIVE
+    report = await store.get(keys.load("b1"))
+    assert report is not None
+    assert LoadReport.from_dict(report.value).cpu_percent == 12.5
+
+    marker = UnassignedMarker(MarkerReason.FAILOVER, from_broker="b9", timestamp=clock.now())
+    await store.put(
+        keys.broker_assignment("b1", "/ns/t"), assignment_value(Assignment(clock.now()), marker)
+    )
+    await clock.advance(0)
+    assert host.topics == {"/ns/t": marker}  # the host learns why the topic came
+
+    published = broker.reports_published
+    await clock.advance(5.0)
+    assert broker.reports_published == published + 1
+    report = await store.get(keys.load("b1"))
+    assert report is not None
+    assert [t["topic"] for t in report.value["topics"]] == ["/ns/t"]
+
+
+async def test_seals_before_marking_the_move_ready(
+    node: tuple[BrokerNode, SyntheticHost, MemoryStore, FakeClock],
+) -> None:
+    broker, host, store, clock = node
+    key = keys.broker_assignment("b1", "/ns/t")
+    await store.put(key, Assignment(clock.now()).to_dict())
+    await clock.advance(0)
+    assert "/ns/t" in host.topics
+    move = UnassignedMarker(MarkerReason.REBALANCE, "b1", "b2", clock.now(), ready=False)
+    from ballast.metadata import Delete, Put
+
+    await store.txn([], [Delete(key), Put(keys.unassigned("/ns/t"), move.to_dict())])
+    await clock.advance(0)
+    assert host.events == [("load", "/ns/t"), ("unload", "/ns/t")]
+    kv = await store.get(keys.unassigned("/ns/t"))
+    assert kv is not None
+    assert UnassignedMarker.from_dict(kv.value) == UnassignedMarker(
+        MarkerReason.REBALANCE, "b1", "b2", move.timestamp, ready=True
+    )
+
+
+async def test_bounces_assignments_while_draining(
+    node: tuple[BrokerNode, SyntheticHost, MemoryStore, FakeClock],
+) -> None:
+    broker, host, store, clock = node
+    await store.put(keys.broker_state("b1"), BrokerState(BrokerMode.DRAINING).to_dict())
+    await clock.advance(0)
+    key = keys.broker_assignment("b1", "/ns/late")
+    await store.put(key, Assignment(clock.now()).to_dict())
+    await clock.advance(0)
+    assert await store.get(key) is None
+    kv = await store.get(keys.unassigned("/ns/late"))
+    assert kv is not None
+    marker = UnassignedMarker.from_dict(kv.value)
+    assert (marker.reason, marker.from_broker, marker.ready) == (
+        MarkerReason.DRAIN_REDIRECT,
+        "b1",
+        True,
+    )
+    assert host.events == []
+
+
+async def test_lease_expiry_on_the_clock_drops_topics_and_registers_again(
+    node: tuple[BrokerNode, SyntheticHost, MemoryStore, FakeClock],
+) -> None:
+    broker, host, store, clock = node
+    await store.put(keys.broker_assignment("b1", "/ns/t"), Assignment(clock.now()).to_dict())
+    await clock.advance(0)
+    old_lease = broker.lease
+    assert old_lease is not None
+    # The store loses the lease (as after a partition longer than the TTL).
+    await store.revoke_lease(old_lease.id)
+    await clock.advance(10.0)  # the next refresh finds the lease gone
+    assert ("unload", "/ns/t") in host.events
+    assert broker.lease is not None and broker.lease.id != old_lease.id
+    registration = await store.get(keys.register("b1"))
+    assert registration is not None and registration.lease == broker.lease.id
+    # Still assigned (no leader reassigned it): it serves it again after re-registering.
+    await clock.advance(0)
+    assert "/ns/t" in host.topics
+
+
+async def test_a_broker_that_loses_its_lease_rejoins_the_cluster(store: MetadataStore) -> None:
+    """With a leader: the topics fail over, the broker stops serving, then comes back."""
+    clock = SystemClock()
+    config = fast_config(ttl=1.5)
+    admin = AdminClient(store, clock, config)
+    async with LocalCluster(store, clock, config) as cluster:
+        for b in ("b1", "b2", "b3"):
+            await cluster.start_broker(b)
+        leader = await cluster.wait_leader()
+        victim = next(b for b in ("b1", "b2", "b3") if b != leader.broker_id)
+        await admin.create_topics(f"/r/t{i}" for i in range(30))
+        await wait_settled(admin, 30, timeout=20)
+        lease = cluster.brokers[victim].node.lease
+        assert lease is not None
+        await store.revoke_lease(lease.id)
+
+        async def rejoined() -> bool:
+            node = cluster.brokers[victim].node
+            view = await admin.view()
+            return (
+                node.lease is not None
+                and node.lease.id != lease.id
+                and victim in view.registrations
+                and len(view.owners) == 30
+                and not view.markers
+            )
+
+        await wait_until(rejoined, 10, f"{victim} to rejoin")
+        await wait_until(
+            lambda: hosts_match(cluster, admin),
+            5,
+            "hosts serve their topics",
+            explain=lambda: host_mismatch(cluster, admin),
+        )
+        # It is a full member again: new topics reach it.
+        await admin.create_topics(f"/r/new{i}" for i in range(9))
+        view = await wait_settled(admin, 39, timeout=10)
+        assert any(view.owner(f"/r/new{i}") == victim for i in range(9))
+
+
+async def test_metrics_cover_the_documented_series(store: MetadataStore) -> None:
+    clock = SystemClock()
+    config = fast_config()
+    admin = AdminClient(store, clock, config)
+    async with LocalCluster(store, clock, config) as cluster:
+        for b in ("b1", "b2"):
+            await cluster.start_broker(b)
+        leader = await cluster.wait_leader()
+        await admin.create_topics(f"/x/t{i}" for i in range(4))
+        await wait_settled(admin, 4, timeout=10)
+        await wait_until(
+            lambda: _async(leader.metrics.sample("ballast_cluster_active_brokers") == 2),
+            5,
+            "balance gauges",
+        )
+        text = leader.metrics.exposition().decode()
+        for name in (
+            "ballast_cluster_balance_cv",
+            "ballast_cluster_balance_mean_load",
+            "ballast_cluster_balance_max_load",
+            "ballast_cluster_balance_min_load",
+            "ballast_cluster_balance_std_dev",
+            "ballast_cluster_active_brokers",
+            "ballast_rebalancing_checks_total",
+            "ballast_rebalancing_moves_total",
+            "ballast_rebalancing_failures_total",
+            "ballast_rebalancing_cycle_duration_seconds",
+            "ballast_topic_assignments_total",
+            "ballast_broker_topics_owned",
+            "ballast_broker_cpu_usage",
+            "ballast_broker_memory_usage",
+            "ballast_broker_throughput_mbps",
+            "ballast_leader",
+            "ballast_rejected_records_total",
+        ):
+            assert name in text, name
+        assigned = sum(
+            leader.metrics.sample(
+                "ballast_topic_assignments_total", {"broker_id": b, "action": "assign"}
+            )
+            for b in ("b1", "b2")
+        )
+        assert assigned == 4
+        assert leader.metrics.sample("ballast_leader") == 1
+        follower = next(p for b, p in cluster.brokers.items() if b != leader.broker_id)
+        assert follower.metrics.sample("ballast_leader") == 0
+        assert isinstance(follower.metrics, ClusterMetrics)
+
+
+async def _async(value: bool) -> bool:
+    return value

@@ -1,0 +1,171 @@
+"""The job on a real standalone Spark cluster gives the same tables as local[2].
+
+A master and a worker are started from the installed pyspark (`bin/spark-class`) and the
+job runs in a subprocess, since one Python process holds only one SparkContext.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from pyspark.find_spark_home import _find_spark_home
+from pyspark.sql import SparkSession
+
+from ballast.pipeline.generate import GeneratorSpec, generate_history
+from ballast.pipeline.job import TABLES, AnalyzeOptions, run_analysis
+
+KEYS = {
+    "broker_windows": ["window_start", "broker_id"],
+    "topic_windows": ["window_start", "topic"],
+    "strategy_comparison": ["window_start", "strategy"],
+    "quarantine": ["source", "kind", "raw"],
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for_port(
+    port: int, process: subprocess.Popen[bytes], log: Path, timeout: float = 60
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"Spark daemon exited early:\n{log.read_text()[-3000:]}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.3)
+    raise RuntimeError(f"Spark daemon did not listen on {port}:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    spark_class = os.path.join(_find_spark_home(), "bin", "spark-class")
+    logs = tmp_path_factory.mktemp("spark-logs")
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    port = _free_port()
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        master_log = logs / "master.log"
+        master = subprocess.Popen(
+            [
+                spark_class,
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--webui-port",
+                "0",
+            ],
+            stdout=master_log.open("wb"),
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        started.append(master)
+        _wait_for_port(port, master, master_log)
+        url = f"spark://127.0.0.1:{port}"
+        worker_log = logs / "worker.log"
+        started.append(
+            subprocess.Popen(
+                [
+                    spark_class,
+                    "org.apache.spark.deploy.worker.Worker",
+                    url,
+                    "--host",
+                    "127.0.0.1",
+                    "--cores",
+                    "1",
+                    "--memory",
+                    "1g",
+                    "--webui-port",
+                    "0",
+                    "--work-dir",
+                    str(logs / "work"),
+                ],
+                stdout=worker_log.open("wb"),
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        )
+        deadline = time.monotonic() + 60
+        while "Successfully registered with master" not in worker_log.read_text():
+            if time.monotonic() > deadline or started[-1].poll() is not None:
+                raise RuntimeError(f"worker did not register:\n{worker_log.read_text()[-3000:]}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        for process in reversed(started):
+            process.terminate()
+        for process in reversed(started):
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def test_standalone_cluster_matches_local(
+    spark: SparkSession, standalone: str, tmp_path: Path
+) -> None:
+    history = tmp_path / "history"
+    result = generate_history(GeneratorSpec(brokers=4, topics=30, hours=1.5, seed=11), str(history))
+    # Something for the quarantine too: a sink retry and a crash-truncated line.
+    first = Path(result.files[0])
+    lines = first.read_text().splitlines()
+    first.write_text("\n".join([*lines, lines[3], lines[4][:50]]) + "\n")
+
+    local_out = tmp_path / "local"
+    run_analysis(spark, AnalyzeOptions(history=str(history), out=str(local_out)))
+    cluster_out = tmp_path / "cluster"
+    job = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ballast.cli.pipeline",
+            "analyze",
+            "--history",
+            str(history),
+            "--out",
+            str(cluster_out),
+            "--master",
+            standalone,
+            "--driver-memory",
+            "1g",
+            "--executor-memory",
+            "512m",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert job.returncode == 0, job.stderr[-3000:] + job.stdout[-3000:]
+    assert "2 record(s) quarantined" in " ".join(job.stdout.split())
+
+    for table in TABLES:
+        local = pd.read_parquet(local_out / table).sort_values(KEYS[table]).reset_index(drop=True)
+        cluster = (
+            pd.read_parquet(cluster_out / table).sort_values(KEYS[table]).reset_index(drop=True)
+        )
+        assert len(local) > 0, table
+        # Sums may be added in another order on other partitions: equal to 1e-9.
+        pd.testing.assert_frame_equal(local, cluster, check_exact=False, rtol=1e-9, atol=1e-12)
+    local_plan = json.loads((local_out / "plan.json").read_text())
+    cluster_plan = json.loads((cluster_out / "plan.json").read_text())
+    assert local_plan["plan"]["moves"] == cluster_plan["plan"]["moves"]
+    assert local_plan["plan"]["after"]["cv"] == pytest.approx(
+        cluster_plan["plan"]["after"]["cv"], rel=1e-9
+    )

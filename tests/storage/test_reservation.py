@@ -1,0 +1,368 @@
+"""Offset reservations: a crash never makes a topic reuse an offset, even with its disk.
+
+The owner may assign offsets up to `reserved_through` (in the topic's state key) and
+extends it, fenced on its claim, before it runs out; whoever opens after a crash
+continues after it. The offsets skipped that way are recorded gaps that readers step
+over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ballast.clock import FakeClock
+from ballast.metadata import MemoryStore, keys
+from ballast.metadata.store import MetadataUnavailableError, OutcomeUnknownError
+from ballast.storage import (
+    FsspecObjectStore,
+    InitialPosition,
+    Message,
+    ReservationError,
+    SealedState,
+    StartSource,
+    StorageConfig,
+    StorageStats,
+    Tier,
+    TopicFencedError,
+    TopicStatus,
+    WalClosedError,
+    load_catalog,
+)
+
+from .helpers import collect, eventually, make_topic, payload
+
+STEP = 100
+TOPIC = "/default/reliable_topic"
+
+
+@pytest.fixture
+def kw(
+    object_store: FsspecObjectStore, metadata: MemoryStore, clock: FakeClock, config: StorageConfig
+) -> dict[str, Any]:
+    config = replace(config, offset_reservation_step=STEP)
+    return {"objects": object_store, "metadata": metadata, "clock": clock, "config": config}
+
+
+async def append_range(topic: Any, start: int, stop: int) -> None:
+    for offset in range(start, stop):
+        assert await topic.append(payload(offset)) == offset
+
+
+async def state_of(metadata: Any) -> SealedState:
+    kv = await metadata.get(keys.storage_state(TOPIC))
+    assert kv is not None
+    return SealedState.from_dict(kv.value)
+
+
+async def crash_with_disk(topic: Any) -> None:
+    """The broker dies with its disk: no seal, no release, local files gone."""
+    await topic.close(release_reservation=False)
+    shutil.rmtree(topic.directory)
+
+
+async def read_all(topic: Any, start: int = 0) -> list[int]:
+    async with asyncio.timeout(5):  # a reader waiting for skipped offsets would hang here
+        return [i.offset for i in await collect(topic.read(start, live=False))]
+
+
+async def test_disk_loss_never_reuses_an_offset_and_readers_skip_the_gap(
+    tmp_path: Path, kw: dict[str, Any], metadata: MemoryStore
+) -> None:
+    async with make_topic("a", tmp_path, **kw) as a:
+        assert a.reserved_through == STEP - 1
+        sub = await a.subscribe("s", initial=InitialPosition.EARLIEST)
+        await append_range(a, 0, 20)
+        assert await a.upload_now() == 19
+        await append_range(a, 20, 50)  # acknowledged, only on a's disk
+        await sub.ack(29)
+        await a.flush_cursors()
+        reservation = a.reserved_through
+        await crash_with_disk(a)
+    assert (await state_of(metadata)).reserved_through == reservation
+
+    stats = StorageStats()
+    async with make_topic("b", tmp_path, **kw, stats=stats) as b:
+        opened = b.opened
+        assert opened.next_offset == reservation + 1 and opened.next_offset > 49
+        assert opened.source is StartSource.RESERVATION
+        assert opened.gap == (20, reservation) and b.gaps == ((20, reservation),)
+        assert "reservation" in opened.reason and stats.opens_by_source == {"reservation": 1}
+        state = await state_of(metadata)
+        assert (state.broker_id, state.gaps) == ("b", ((20, reservation),))
+        first = reservation + 1
+        await append_range(b, first, first + 5)
+        # From 0: the uploaded part, then b's messages; no hang, no duplicate.
+        items = await collect(b.read(0, live=False))
+        assert [i.offset for i in items] == [*range(20), *range(first, first + 5)]
+        assert [i.tier for i in items] == [Tier.OBJECT] * 20 + [Tier.WAL] * 5
+        assert [i.record.payload for i in items] == [payload(i.offset) for i in items]
+        assert stats.reader_gaps == 0 and stats.reader_known_gaps >= 1
+        # A subscription acked inside the lost range resumes with b's messages.
+        sub = await b.subscribe("s")
+        assert sub.start_offset == 30
+        assert await read_all(b, sub.start_offset) == list(range(first, first + 5))
+        # A live reader from inside the gap gets b's next message as it is appended.
+        received: list[int] = []
+
+        async def consume() -> None:
+            async for item in b.read(25):
+                received.append(item.offset)
+
+        consumer = asyncio.ensure_future(consume())
+        await eventually(lambda: len(received) == 5)
+        await append_range(b, first + 5, first + 6)
+        await eventually(lambda: len(received) == 6)
+        assert received == list(range(first, first + 6))
+        # Uploaded and read back from object storage only: the gap is stepped over there too.
+        assert await b.upload_now() == first + 5
+        catalog = await load_catalog(metadata, b.topic)
+        assert (catalog.objects[0].start, catalog.objects[0].end) == (0, 19)
+        assert catalog.objects[1].start == first
+        await b.seal()
+        await asyncio.wait_for(consumer, 5)
+    async with make_topic("c", tmp_path, **kw) as c:
+        assert (c.opened.next_offset, c.opened.source, c.opened.gap) == (
+            first + 6,
+            StartSource.SEALED,
+            None,
+        )
+        assert c.gaps == ((20, reservation),)  # carried through the seal
+        assert await read_all(c) == [*range(20), *range(first, first + 6)]
+
+
+async def test_nothing_uploaded_before_the_disk_loss(tmp_path: Path, kw: dict[str, Any]) -> None:
+    async with make_topic("a", tmp_path, **kw) as a:
+        await append_range(a, 0, 50)
+        reservation = a.reserved_through
+        await crash_with_disk(a)
+    async with make_topic("b", tmp_path, **kw) as b:
+        assert b.opened.next_offset == reservation + 1 and b.opened.gap == (0, reservation)
+        assert await read_all(b) == []
+        await append_range(b, reservation + 1, reservation + 3)
+        assert await read_all(b) == [reservation + 1, reservation + 2]
+
+
+async def test_consecutive_disk_losses_accumulate_gaps(tmp_path: Path, kw: dict[str, Any]) -> None:
+    async with make_topic("a", tmp_path, **kw) as a:
+        await append_range(a, 0, 10)
+        await a.upload_now()
+        await append_range(a, 10, 20)
+        await crash_with_disk(a)
+    async with make_topic("b", tmp_path, **kw) as b:
+        first_b = b.next_offset
+        await append_range(b, first_b, first_b + 10)
+        await b.upload_now()
+        await append_range(b, first_b + 10, first_b + 20)  # lost with b's disk
+        await crash_with_disk(b)
+    async with make_topic("c", tmp_path, **kw) as c:
+        first_c = c.next_offset
+        assert first_c > first_b + 19
+        assert c.gaps == ((10, first_b - 1), (first_b + 10, first_c - 1))
+        await append_range(c, first_c, first_c + 3)
+        assert await read_all(c) == [
+            *range(10),
+            *range(first_b, first_b + 10),
+            *range(first_c, first_c + 3),
+        ]
+
+
+async def test_crash_on_the_same_broker_keeps_its_wal_and_skips_the_rest_of_the_reservation(
+    tmp_path: Path, kw: dict[str, Any], metadata: MemoryStore
+) -> None:
+    async with make_topic("a", tmp_path, **kw) as a:
+        await append_range(a, 0, 20)
+        await a.upload_now()
+        await append_range(a, 20, 50)
+        reservation = a.reserved_through
+        await a.close(release_reservation=False)  # a crash: the disk survives
+    async with make_topic("a", tmp_path, **kw) as again:
+        opened = again.opened
+        assert (opened.next_offset, opened.source, opened.local_end) == (
+            reservation + 1,
+            StartSource.RESERVATION,
+            49,
+        )
+        assert opened.discarded_segments == 0 and opened.gap == (50, reservation)
+        first = reservation + 1
+        await append_range(again, first, first + 5)
+        assert await read_all(again) == [*range(50), *range(first, first + 5)]
+        assert await read_all(again, 30) == [*range(30, 50), *range(first, first + 5)]
+        # The un-uploaded 20..49 come from the kept WAL; an object never spans the gap.
+        assert await again.upload_now() == first + 4
+        catalog = await load_catalog(metadata, again.topic)
+        flat = [o for d in catalog.objects for o in range(d.start, d.end + 1)]
+        assert flat == [*range(50), *range(first, first + 5)]
+        assert all(d.end < 50 or d.start >= first for d in catalog.objects)
+    # A graceful close released the reservation: the restart continues without a gap,
+    # and the WAL's own record of the gap survives the restart.
+    async with make_topic("a", tmp_path, **kw) as third:
+        assert (third.opened.next_offset, third.opened.gap) == (first + 5, None)
+        assert third.opened.recovery.gaps == ((50, reservation),)
+        assert third.gaps == ((50, reservation),)
+        assert await read_all(third) == [*range(50), *range(first, first + 5)]
+
+
+async def test_a_graceful_close_releases_the_unused_reservation(
+    tmp_path: Path, kw: dict[str, Any], metadata: MemoryStore
+) -> None:
+    async with make_topic("a", tmp_path, **kw) as a:
+        await append_range(a, 0, 7)
+        assert (await state_of(metadata)).reserved_through == STEP - 1
+    assert (await state_of(metadata)).reserved_through == 6
+    async with make_topic("a", tmp_path, **kw) as again:
+        assert (again.opened.next_offset, again.opened.source) == (7, StartSource.LOCAL_WAL)
+        assert again.opened.gap is None and again.gaps == ()
+
+
+async def test_a_deposed_owner_cannot_extend_its_reservation(
+    tmp_path: Path, kw: dict[str, Any], metadata: MemoryStore
+) -> None:
+    config = replace(kw["config"], offset_reservation_step=10)
+    a = make_topic("a", tmp_path, **{**kw, "config": config})
+    await a.open()
+    assert a.reserved_through == 9
+    # Split brain (the leader never assigns two owners; this test forces it): b claims
+    # the topic while a still runs, and continues after a's reservation.
+    async with make_topic("b", tmp_path, **{**kw, "config": config}) as b:
+        assert b.opened.next_offset == 10 and b.opened.source is StartSource.RESERVATION
+        assigned_by_a: list[int] = []
+        with pytest.raises(TopicFencedError, match="cannot extend"):
+            for _ in range(20):
+                assigned_by_a.append(await a.append(b"zombie"))
+        # a assigned only offsets it had reserved before b took over: no overlap with b.
+        assert assigned_by_a and max(assigned_by_a) <= 9
+        assert await b.append(b"owner") == 10
+        state = await state_of(metadata)
+        assert (state.broker_id, state.reserved_through) == ("b", 19)
+        with pytest.raises(TopicFencedError):
+            await a.seal()
+        assert a.status is TopicStatus.CLOSED
+    assert a.stats.reservation_extensions == 0
+
+
+async def test_the_reservation_is_extended_before_it_runs_out(
+    tmp_path: Path, kw: dict[str, Any], metadata: MemoryStore
+) -> None:
+    step = 20
+    stats = StorageStats()
+    config = replace(kw["config"], offset_reservation_step=step)
+    async with make_topic("a", tmp_path, **{**kw, "config": config}, stats=stats) as topic:
+        await append_range(topic, 0, 200)
+        # Extended in the background at half a step: no append ever waited for it.
+        assert stats.reservation_stalls == 0
+        assert stats.reservation_extensions == 200 // step
+        assert topic.reserved_through >= 199
+        kv = await metadata.get(keys.storage_state(TOPIC))
+        assert kv is not None and kv.version == 1 + 200 // step  # the claim, then extensions
+        # A batch larger than a step waits for one extension that covers all of it.
+        got = await topic.append_batch([Message(payload(o)) for o in range(200, 260)])
+        assert got == range(200, 260) and topic.reserved_through >= 259
+        assert stats.reservation_stalls == 1
+        assert await read_all(topic) == list(range(260))
+
+
+async def test_concurrent_producers_keep_their_order_across_extensions(
+    tmp_path: Path, kw: dict[str, Any]
+) -> None:
+    config = replace(kw["config"], offset_reservation_step=4)
+    async with make_topic("a", tmp_path, **{**kw, "config": config}) as topic:
+
+        async def producer(name: str) -> list[int]:
+            return [await topic.append(f"{name}-{i}".encode()) for i in range(30)]
+
+        results = await asyncio.gather(*(producer(f"p{n}") for n in range(5)))
+        offsets = sorted(o for r in results for o in r)
+        assert offsets == list(range(150))  # each exactly once, none unreserved
+        assert all(r == sorted(r) for r in results)
+        assert topic.reserved_through >= 149
+
+
+class FlakyTxnMetadata:
+    """Passes everything to `inner`; txn fails (before or after applying) when told to."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        self.inner = inner
+        self.fail_before = 0
+        self.lose_reply = 0
+
+    async def txn(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fail_before > 0:
+            self.fail_before -= 1
+            raise MetadataUnavailableError("injected: store unavailable")
+        result = await self.inner.txn(*args, **kwargs)
+        if self.lose_reply > 0:
+            self.lose_reply -= 1
+            raise OutcomeUnknownError("injected: reply lost")
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_failed_extension_fails_the_append_that_needs_it_then_recovers(
+    tmp_path: Path, kw: dict[str, Any], metadata: MemoryStore
+) -> None:
+    flaky = FlakyTxnMetadata(metadata)
+    config = replace(kw["config"], offset_reservation_step=10)
+    topic = make_topic("a", tmp_path, **{**kw, "metadata": flaky, "config": config})
+    async with topic:
+        await append_range(topic, 0, 4)
+        flaky.fail_before = 10**6  # the store is down
+        await append_range(topic, 4, 10)  # still reserved: no metadata write needed
+        with pytest.raises(ReservationError, match="could not extend"):
+            await topic.append(b"unreserved")
+        assert topic.next_offset == 10  # never assigned
+        flaky.fail_before = 0
+        assert await topic.append(payload(10)) == 10
+        # A lost reply: the extension was applied; the next write adopts it, not fenced.
+        flaky.lose_reply = 1
+        await append_range(topic, 11, 40)
+        assert topic.reserved_through >= 39
+        state = await state_of(metadata)
+        assert state.broker_id == "a" and state.reserved_through == topic.reserved_through
+        assert (await topic.seal()).last_committed_offset == 39
+
+
+class GatedTxnMetadata:
+    """Passes everything to `inner`; while `gate` is set, txns wait for it to open."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        self.inner = inner
+        self.gate: asyncio.Event | None = None
+
+    async def txn(self, *args: Any, **kwargs: Any) -> Any:
+        if self.gate is not None:
+            await self.gate.wait()
+        return await self.inner.txn(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_an_append_waiting_for_its_reservation_gets_no_offset_after_the_seal(
+    tmp_path: Path, kw: dict[str, Any], metadata: MemoryStore
+) -> None:
+    gated = GatedTxnMetadata(metadata)
+    config = replace(kw["config"], offset_reservation_step=10)
+    topic = make_topic("a", tmp_path, **{**kw, "metadata": gated, "config": config})
+    async with topic:
+        gated.gate = asyncio.Event()  # the metadata store stalls: extensions hang
+        await append_range(topic, 0, 10)
+        waiting = asyncio.ensure_future(topic.append(b"needs an extension"))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        seal = asyncio.ensure_future(topic.seal())
+        await asyncio.sleep(0.01)
+        gated.gate.set()
+        sealed = await asyncio.wait_for(seal, 5)
+        with pytest.raises(WalClosedError, match="sealing"):
+            await waiting
+    assert sealed.last_committed_offset == 9
+    catalog = await load_catalog(metadata, topic.topic)
+    assert catalog.end == 9
