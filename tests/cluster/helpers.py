@@ -91,7 +91,11 @@ async def wait_settled(admin: AdminClient, topics: int, timeout: float) -> Clust
         markers = sorted(view.markers.items())[:5]
         return f"{len(view.owners)} assigned, {len(view.markers)} markers, e.g. {markers}"
 
-    await wait_until(check, timeout, f"{topics} topics assigned, no marker pending", explain=explain)
+    # A full listing per poll: not too often, or the poll itself slows a big burst down.
+    interval = 0.1 if topics > 100 else 0.02
+    await wait_until(
+        check, timeout, f"{topics} topics assigned, no marker pending", interval, explain
+    )
     return result[-1]
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +22,7 @@ from ballast.model import (
     MarkerReason,
     UnassignedMarker,
 )
+from ballast.pipeline.history import HISTORY_GLOB
 from tests.cluster.helpers import fast_config, host_mismatch, hosts_match, wait_settled, wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -67,7 +70,7 @@ async def test_registers_reports_and_follows_its_assignments(
 async def test_seals_before_marking_the_move_ready(
     node: tuple[BrokerNode, SyntheticHost, MemoryStore, FakeClock],
 ) -> None:
-    broker, host, store, clock = node
+    _, host, store, clock = node
     key = keys.broker_assignment("b1", "/ns/t")
     await store.put(key, Assignment(clock.now()).to_dict())
     await clock.advance(0)
@@ -88,7 +91,7 @@ async def test_seals_before_marking_the_move_ready(
 async def test_bounces_assignments_while_draining(
     node: tuple[BrokerNode, SyntheticHost, MemoryStore, FakeClock],
 ) -> None:
-    broker, host, store, clock = node
+    _, host, store, clock = node
     await store.put(keys.broker_state("b1"), BrokerState(BrokerMode.DRAINING).to_dict())
     await clock.advance(0)
     key = keys.broker_assignment("b1", "/ns/late")
@@ -217,3 +220,32 @@ async def test_metrics_cover_the_documented_series(store: MetadataStore) -> None
 
 async def _async(value: bool) -> bool:
     return value
+
+
+async def test_leader_appends_every_load_report_to_the_history(tmp_path: Path) -> None:
+    clock = SystemClock()
+    config = fast_config(report_interval=0.1)
+    async with MemoryStore(clock) as store:
+        admin = AdminClient(store, clock, config)
+        async with LocalCluster(store, clock, config, history_dir=tmp_path) as cluster:
+            for b in ("b1", "b2"):
+                await cluster.start_broker(b)
+            leader = await cluster.wait_leader()
+            await admin.create_topics(f"/h/t{i}" for i in range(4))
+            await wait_settled(admin, 4, timeout=10)
+
+            def lines() -> list[str]:
+                return [
+                    line
+                    for path in tmp_path.glob(HISTORY_GLOB)
+                    for line in path.read_text().splitlines()
+                ]
+
+            await wait_until(lambda: _async(len(lines()) >= 10), 10, "10 history lines")
+        files = list(tmp_path.glob(HISTORY_GLOB))
+        assert [f.name for f in files] == [f"leader-{leader.broker_id}.jsonl"]
+        reports = [json.loads(line) for line in lines()]
+        assert {r["broker_id"] for r in reports} == {"b1", "b2"}
+        assert all(r["state"] == "active" for r in reports)
+        assert all(LoadReport.from_dict(r).broker_id in ("b1", "b2") for r in reports)
+        assert any(r["topic_count"] > 0 for r in reports)

@@ -130,7 +130,9 @@ def test_admin_commands_end_to_end(app: typer.Typer, cluster: str, tmp_path: Pat
 
     # A dry-run plan (young topics allowed by the given config), saved and then applied.
     config = tmp_path / "rules.yaml"
-    config.write_text(yaml.safe_dump({"load_manager": {"rebalancing": {"min_topic_age_seconds": 0}}}))
+    config.write_text(
+        yaml.safe_dump({"load_manager": {"rebalancing": {"min_topic_age_seconds": 0}}})
+    )
     plan = invoke(
         app, "admin", "cluster", "rebalance", "--dry-run", "--max-moves", "2",
         "--config", str(config), *etcd, "--json",
@@ -139,21 +141,27 @@ def test_admin_commands_end_to_end(app: typer.Typer, cluster: str, tmp_path: Pat
     assert all(m["from_broker"] == "b1" for m in plan["moves"])
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(plan))
-    applied = invoke(app, "admin", "cluster", "rebalance", "--plan", str(plan_file), *etcd, "--json")
+    applied = invoke(
+        app, "admin", "cluster", "rebalance", "--plan", str(plan_file), *etcd, "--json"
+    )
     assert [o["applied"] for o in applied["outcomes"]] == [True, True]
     history = invoke(app, "admin", "cluster", "history", *etcd, "--json")
     assert [m["topic"] for m in history] == [m["topic"] for m in plan["moves"]]
 
     def moved() -> bool:
-        owners = {t["topic"]: t["owner"] for t in invoke(app, "admin", "topics", "list", *etcd, "--json")}
+        owners = {
+            t["topic"]: t["owner"] for t in invoke(app, "admin", "topics", "list", *etcd, "--json")
+        }
         return all(owners[m["topic"]] == m["to_broker"] for m in plan["moves"])
 
     poll(moved, 20, "the planned moves to complete")
 
     owner = invoke(app, "admin", "topics", "unload", "/cli/a", *etcd, "--json")["from_broker"]
     poll(
-        lambda: invoke(app, "admin", "topics", "describe", "/cli/a", *etcd, "--json")["owner"]
-        not in (None, owner),
+        lambda: (
+            invoke(app, "admin", "topics", "describe", "/cli/a", *etcd, "--json")["owner"]
+            not in (None, owner)
+        ),
         20,
         "/cli/a to move",
     )

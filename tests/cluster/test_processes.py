@@ -21,6 +21,7 @@ import yaml
 
 from ballast.clock import SystemClock
 from ballast.cluster import AdminClient
+from ballast.metadata import keys
 from ballast.metadata.etcd import EtcdStore
 from tests.cluster.helpers import wait_settled, wait_until
 from tests.etcd_fixtures import EtcdServer
@@ -157,3 +158,47 @@ async def test_sigkilled_leader_is_replaced_within_ttl_and_nothing_is_lost(
     view = await wait_settled(admin, 70, timeout=TTL + 5)
     assert leader not in view.by_broker
     assert set(view.by_broker) <= {"p1", "p2", "p3"} - {leader}
+
+
+async def test_broker_command_serves_and_leaves_gracefully_on_sigterm(
+    etcd_store: EtcdStore, etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    """`ballast broker` (through the Typer app) registers, leads, and on SIGTERM revokes its
+    lease at once instead of leaving the cluster to wait for the TTL."""
+    config = tmp_path / "broker.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "broker": {"registration_ttl_seconds": 30, "leader_ttl_seconds": 30},
+                "history": {"enabled": False},
+                "metrics": {"enabled": False},
+            }
+        )
+    )
+    script = (
+        "import typer; from ballast.cli.cluster import register; "
+        "app = typer.Typer(); register(app); app()"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, "broker", "--etcd", etcd_server.client_url,
+        "--config", str(config), "--id", "c1",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        admin = AdminClient(etcd_store, SystemClock())
+
+        async def leading() -> bool:
+            return (await admin.leader() or {}).get("broker_id") == "c1"
+
+        await wait_until(leading, 30, "c1 to register and lead")
+        assert await etcd_store.get(keys.register("c1")) is not None
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(15):
+            assert await proc.wait() == 0
+        # Graceful: gone now, not after the 30 s TTL.
+        assert await etcd_store.get(keys.register("c1")) is None
+        assert await etcd_store.get(keys.LEADER) is None
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

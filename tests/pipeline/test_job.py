@@ -161,6 +161,7 @@ def test_empty_history_is_a_clear_message(spark: SparkSession, tmp_path: Path) -
     assert broken.exit_code == 1
     assert "none of the 2 records" in _flat(broken.output) and "quarantine" in broken.output
     assert len(pd.read_parquet(tmp_path / "o" / "quarantine")) == 2
+    assert not (tmp_path / "o" / "_staging").exists()
 
 
 def test_one_broker_history_is_explained_not_a_crash(spark: SparkSession, tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ballast.cli import simulate
+from ballast.cli import cluster, pipeline, simulate
 
 app = typer.Typer(
     name="ballast",
@@ -12,13 +12,9 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+cluster.register(app)
 simulate.register(app)
-
-
-@app.command("demo")
-def demo() -> None:
-    """Show automated rebalancing after a scale-out (3 brokers + 2) in virtual time."""
-    simulate.run_simulation("scale-out")
+pipeline.register(app)
 
 
 def main() -> None:

@@ -351,6 +351,7 @@ async def _scenario(
 
 
 def _print_summary(console: Console, s: DemoSummary) -> None:
+    console.print()
     table = Table("", "", title="summary", show_header=False)
     table.add_row("topics", str(s.topics))
     table.add_row("CV after placement (3 brokers)", f"{s.cv_placed:.1%}")

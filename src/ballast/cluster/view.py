@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
@@ -157,23 +157,6 @@ class ClusterView:
     def revision_of(self, key: str) -> int:
         """The revision the key was last seen changing at (0: never seen)."""
         return self._revisions.get(key, 0)
-
-    def forget_revisions(self, keep: Iterable[str] = ()) -> None:
-        """Drop the remembered revisions of deleted keys (bounded memory on long runs)."""
-        live = set(keep)
-        for key in [k for k in self._revisions if k not in live and not self._present(k)]:
-            del self._revisions[key]
-
-    def _present(self, key: str) -> bool:
-        try:
-            kind, broker, topic = classify(key)
-        except BadRecord:
-            return False
-        if kind is RecordKind.ASSIGNMENT and topic is not None and broker is not None:
-            return broker in self.owners.get(topic, {})
-        if kind is RecordKind.MARKER and topic is not None:
-            return topic in self.markers
-        return True  # keys of other kinds are few; keep their revisions
 
     # -- applying changes ----------------------------------------------------------------
 

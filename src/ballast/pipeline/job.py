@@ -290,7 +290,7 @@ def run_analysis(
             # Flat broker and topic rows, written once: every later stage (windows, the
             # plan's latest assignment and p95 loads) reads plain columns instead of
             # deduplicating and walking the nested topic lists again.
-            defaults = reports.transform(ingest_defaults)
+            defaults = reports.transform(transforms.with_report_defaults)
             defaults.transform(transforms.explode_brokers).write.mode("overwrite").parquet(
                 staged["brokers"]
             )
@@ -416,6 +416,7 @@ def run_analysis(
                 heat_metric,
             )
 
+        scored.unpersist()
         if not options.keep_staging:
             shutil.rmtree(os.path.join(out, "_staging"), ignore_errors=True)
         outputs = {**paths, "plan": plan_path, "report": report_path}
@@ -443,12 +444,10 @@ def run_analysis(
             timings=stage.timings,
         )
     finally:
+        if not options.keep_staging:
+            # Also after a failure: the staged records are only an intermediate.
+            shutil.rmtree(os.path.join(out, "_staging"), ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def ingest_defaults(reports: DataFrame) -> DataFrame:
-    """The deduplicated reports with the model's defaults filled in."""
-    return reports.transform(transforms.with_report_defaults)
 
 
 def _plan_document(
