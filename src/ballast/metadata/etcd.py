@@ -358,7 +358,8 @@ class EtcdStore:
             if remaining <= 0:
                 return False
             try:
-                await asyncio.wait_for(channel.wait_for_state_change(state), remaining)
+                async with asyncio.timeout(remaining):
+                    await channel.wait_for_state_change(state)
             except TimeoutError:
                 return False
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import itertools
 import logging
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, Self
 
+from ballast.aio import cancel_and_wait
 from ballast.clock import Clock, SystemClock
 from ballast.metadata import _codec
 from ballast.metadata.store import (
@@ -135,9 +135,7 @@ class MemoryStore:
         self._watches.clear()
         reaper, self._reaper = self._reaper, None
         if reaper is not None:
-            reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reaper
+            await cancel_and_wait(reaper)
 
     def _check_open(self) -> None:
         if self._closed:

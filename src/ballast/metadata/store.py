@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self, runtime_checkable
 
+from ballast.aio import cancel_and_wait
 from ballast.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
@@ -272,9 +273,7 @@ class Lease:
         task, self._task = self._task, None
         if task is None:
             return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
 
     async def revoke(self) -> None:
         """Stop keeping alive and revoke the lease; its keys are deleted at once."""
@@ -426,9 +425,7 @@ class Watch(AsyncIterator[WatchEvent]):
         self.finish()
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         if self._on_close is not None:
             self._on_close(self)
 
