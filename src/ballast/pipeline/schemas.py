@@ -69,6 +69,8 @@ QUARANTINE_SCHEMA = T.StructType(
         T.StructField("reason", T.StringType()),
         T.StructField("broker_id", T.StringType()),
         T.StructField("timestamp", T.DoubleType()),
+        # The line as read (first 10 000 characters); for a duplicate, the kept fields of
+        # the parsed record re-serialised (valid lines' text is not kept past parsing).
         T.StructField("raw", T.StringType()),
     ]
 )
