@@ -53,6 +53,7 @@ from ballast.metadata.store import (
     MetadataUnavailableError,
     OutcomeUnknownError,
     Put,
+    TxnHelpers,
     TxnResult,
     ValueDecodeError,
     Watch,
@@ -169,7 +170,7 @@ class _Connection:
     metadata: tuple[tuple[str, str], ...] | None = None
 
 
-class EtcdStore:
+class EtcdStore(TxnHelpers):
     """`MetadataStore` over an etcd cluster.
 
     - `endpoints`: ``"http://h1:2379,http://h2:2379"`` or a sequence of such URLs.
@@ -586,27 +587,6 @@ class EtcdStore:
             leases = [op.lease for op in (*success, *failure) if isinstance(op, Put) and op.lease]
             raise _lease_error(exc, leases[0] if leases else None) from exc
         return TxnResult(bool(resp.succeeded), int(resp.header.revision))
-
-    async def create_if_absent(self, key: str, value: Any, lease: int | None = None) -> bool:
-        """Write `key` only if it does not exist; True if written."""
-        result = await self.txn([Compare.absent(key)], [Put(key, value, lease)])
-        return result.succeeded
-
-    async def compare_and_swap(self, key: str, expected_mod_revision: int, value: Any) -> bool:
-        """Write `key` only if its mod_revision is `expected_mod_revision`."""
-        result = await self.txn(
-            [Compare.mod_revision_equals(key, expected_mod_revision)], [Put(key, value)]
-        )
-        return result.succeeded
-
-    async def compare_and_delete(self, key: str, expected_mod_revision: int) -> bool:
-        """Delete `key` only if its mod_revision is `expected_mod_revision`."""
-        if expected_mod_revision <= 0:
-            return False  # an absent key cannot be deleted
-        result = await self.txn(
-            [Compare.mod_revision_equals(key, expected_mod_revision)], [Delete(key)]
-        )
-        return result.succeeded
 
     async def compact(self, revision: int) -> None:
         """Forget history before `revision` (waits until the compaction is applied)."""

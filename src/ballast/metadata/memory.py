@@ -31,6 +31,7 @@ from ballast.metadata.store import (
     Listing,
     MetadataError,
     Put,
+    TxnHelpers,
     TxnResult,
     ValueDecodeError,
     Watch,
@@ -79,7 +80,7 @@ def _to_watch_event(event: _Event) -> WatchEvent:
     return WatchEvent("put", event.key, value, event.revision)
 
 
-class MemoryStore:
+class MemoryStore(TxnHelpers):
     """In-process `MetadataStore`; leases expire on `clock` (default: the system clock).
 
     `history_limit` bounds the event log kept for watching from past revisions: when it is
@@ -254,27 +255,6 @@ class MemoryStore:
             else:
                 self._apply_delete(op.key, revision, events)
         return TxnResult(succeeded, self._commit(events))
-
-    async def create_if_absent(self, key: str, value: Any, lease: int | None = None) -> bool:
-        """Write `key` only if it does not exist; True if written."""
-        result = await self.txn([Compare.absent(key)], [Put(key, value, lease)])
-        return result.succeeded
-
-    async def compare_and_swap(self, key: str, expected_mod_revision: int, value: Any) -> bool:
-        """Write `key` only if its mod_revision is `expected_mod_revision`."""
-        result = await self.txn(
-            [Compare.mod_revision_equals(key, expected_mod_revision)], [Put(key, value)]
-        )
-        return result.succeeded
-
-    async def compare_and_delete(self, key: str, expected_mod_revision: int) -> bool:
-        """Delete `key` only if its mod_revision is `expected_mod_revision`."""
-        if expected_mod_revision <= 0:
-            return False  # an absent key cannot be deleted
-        result = await self.txn(
-            [Compare.mod_revision_equals(key, expected_mod_revision)], [Delete(key)]
-        )
-        return result.succeeded
 
     def _holds(self, compare: Compare) -> bool:
         entry = self._kvs.get(compare.key)

@@ -441,6 +441,44 @@ class Watch(AsyncIterator[WatchEvent]):
         await self.aclose()
 
 
+class _SupportsTxn(Protocol):
+    async def txn(
+        self,
+        compare: Sequence[Compare],
+        success: Sequence[Put | Delete],
+        failure: Sequence[Put | Delete] = (),
+    ) -> TxnResult: ...
+
+
+class TxnHelpers:
+    """Create-if-absent and compare-and-swap/delete, written once over the store's `txn`."""
+
+    async def create_if_absent(
+        self: _SupportsTxn, key: str, value: Any, lease: int | None = None
+    ) -> bool:
+        """Write `key` only if it does not exist; True if written."""
+        result = await self.txn([Compare.absent(key)], [Put(key, value, lease)])
+        return result.succeeded
+
+    async def compare_and_swap(
+        self: _SupportsTxn, key: str, expected_mod_revision: int, value: Any
+    ) -> bool:
+        """Write `key` only if its mod_revision is `expected_mod_revision`."""
+        result = await self.txn(
+            [Compare.mod_revision_equals(key, expected_mod_revision)], [Put(key, value)]
+        )
+        return result.succeeded
+
+    async def compare_and_delete(self: _SupportsTxn, key: str, expected_mod_revision: int) -> bool:
+        """Delete `key` only if its mod_revision is `expected_mod_revision`."""
+        if expected_mod_revision <= 0:
+            return False  # an absent key cannot be deleted
+        result = await self.txn(
+            [Compare.mod_revision_equals(key, expected_mod_revision)], [Delete(key)]
+        )
+        return result.succeeded
+
+
 @runtime_checkable
 class MetadataStore(Protocol):
     """The asynchronous key-value contract every metadata store implements."""
