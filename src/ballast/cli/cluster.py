@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ballast.clock import SystemClock
@@ -38,12 +40,17 @@ ConfigOption = Annotated[
 T = TypeVar("T")
 
 
+def _when(ts: float) -> str:
+    """An epoch timestamp as UTC ISO time, to the millisecond."""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")
+
+
 def _console() -> Console:
     return Console()
 
 
 def _fail(message: str, code: int) -> typer.Exit:
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
+    Console(stderr=True).print(f"[red]error:[/red] {escape(message)}", highlight=False)
     return typer.Exit(code)
 
 
@@ -205,13 +212,13 @@ def topics_describe(
         console.print(
             f"  marker: {m.reason.value} from={m.from_broker} to={m.to_broker} ready={m.ready}"
         )
-    console.print(f"  placement now: {placement.broker or '-'} — {placement.reason}")
+    console.print(f"  placement now: {placement.broker or '-'} — {escape(placement.reason)}")
     table = Table("broker", "score", "verdict")
     for broker, score in sorted(placement.scores.items()):
         verdict = placement.rejected.get(
             broker, "candidate" if broker in placement.candidates else ""
         )
-        table.add_row(broker, _num(score), verdict)
+        table.add_row(broker, _num(score), escape(verdict))
     for broker, why in sorted(placement.rejected.items()):
         if broker not in placement.scores:
             table.add_row(broker, "-", why)
@@ -255,7 +262,7 @@ def cluster_balance(etcd: EtcdOption = DEFAULT_ETCD, as_json: JsonOption = False
         table.add_row(broker, _num(score), s.classification(broker))
     console.print(table)
     if report.leader_decision:
-        console.print(f"leader's last decision: {report.leader_decision}")
+        console.print(f"leader's last decision: {escape(report.leader_decision)}")
 
 
 @cluster_app.command("rebalance")
@@ -279,7 +286,7 @@ def cluster_rebalance(
             return
         for o in outcomes:
             m = o.move
-            _console().print(f"{m.topic}: {m.from_broker} → {m.to_broker}: {o.reason}")
+            _console().print(f"{m.topic}: {m.from_broker} → {m.to_broker}: {escape(o.reason)}")
         return
     result = _run_admin(etcd, config, lambda a: a.rebalance(dry_run=dry_run, max_moves=max_moves))
     if as_json:
@@ -289,12 +296,12 @@ def cluster_rebalance(
     console = _console()
     console.print(
         f"{'plan (dry run)' if dry_run else 'rebalance'}: {len(p.moves)} move(s), "
-        f"CV {p.before.cv:.1%} → {p.after.cv:.1%} ({p.reason})"
+        f"CV {p.before.cv:.1%} → {p.after.cv:.1%} ({escape(p.reason)})"
     )
     table = Table("topic", "from", "to", "est. load", "outcome")
     for i, m in enumerate(p.moves):
         outcome = result.outcomes[i].reason if i < len(result.outcomes) else "planned"
-        table.add_row(m.topic, m.from_broker, m.to_broker, _num(m.estimated_load), outcome)
+        table.add_row(m.topic, m.from_broker, m.to_broker, _num(m.estimated_load), escape(outcome))
     console.print(table)
 
 
@@ -311,7 +318,7 @@ def cluster_history(
         return
     table = Table("time", "topic", "from", "to", "reason", title=f"{len(moves)} moves")
     for m in moves:
-        table.add_row(f"{m.timestamp:.3f}", m.topic, m.from_broker, m.to_broker, m.reason)
+        table.add_row(_when(m.timestamp), m.topic, m.from_broker, m.to_broker, escape(m.reason))
     _console().print(table)
 
 
@@ -324,7 +331,9 @@ def cluster_leader(etcd: EtcdOption = DEFAULT_ETCD, as_json: JsonOption = False)
     elif leader is None:
         _console().print("no leader (an election is under way)")
     else:
-        _console().print(f"leader: {leader.get('broker_id')} since {leader.get('since')}")
+        since = leader.get("since")
+        when = _when(since) if isinstance(since, int | float) else "?"
+        _console().print(f"leader: {leader.get('broker_id')} since {when}")
 
 
 admin_app = typer.Typer(help="Operate a running cluster.", no_args_is_help=True)
