@@ -437,12 +437,6 @@ class ClusterSnapshot:
     def topics_of(self, broker: BrokerId) -> tuple[str, ...]:
         return self.assignments.get(broker, ())
 
-    def owner_of(self, topic: str) -> BrokerId | None:
-        for broker, topics in self.assignments.items():
-            if topic in topics:
-                return broker
-        return None
-
     def topic_loads(self, broker: BrokerId) -> dict[str, TopicLoad]:
         """Reported load per owned topic; a topic not yet in a report counts as idle."""
         report = self.reports.get(broker)

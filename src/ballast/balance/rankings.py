@@ -103,9 +103,6 @@ class Rankings:
     def from_scores(cls, scores: dict[BrokerId, float]) -> Rankings:
         return cls(tuple(sorted(scores.items(), key=lambda e: (e[1], e[0]))))
 
-    def score(self, broker: BrokerId) -> float | None:
-        return dict(self.entries).get(broker)
-
     def brokers(self) -> tuple[BrokerId, ...]:
         return tuple(b for b, _ in self.entries)
 
