@@ -31,8 +31,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import grpc
@@ -238,17 +237,6 @@ class EtcdStore(TxnHelpers):
         return self._targets[self._index]
 
     # -- lifecycle ---------------------------------------------------------------------------
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Stop lease keep-alives (the leases then expire), end watches, close the channel."""

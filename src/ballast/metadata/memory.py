@@ -15,8 +15,7 @@ import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 from ballast.aio import cancel_and_wait
 from ballast.clock import Clock, SystemClock
@@ -113,17 +112,6 @@ class MemoryStore(TxnHelpers):
         return f"MemoryStore(revision={self._revision}, keys={len(self._kvs)})"
 
     # -- lifecycle ---------------------------------------------------------------------------
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Stop keep-alives and the lease reaper, end every open watch. Idempotent."""

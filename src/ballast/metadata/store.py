@@ -441,7 +441,7 @@ class Watch(AsyncIterator[WatchEvent]):
         await self.aclose()
 
 
-class _SupportsTxn(Protocol):
+class _StoreCore(Protocol):
     async def txn(
         self,
         compare: Sequence[Compare],
@@ -449,19 +449,33 @@ class _SupportsTxn(Protocol):
         failure: Sequence[Put | Delete] = (),
     ) -> TxnResult: ...
 
+    async def close(self) -> None: ...
+
 
 class TxnHelpers:
-    """Create-if-absent and compare-and-swap/delete, written once over the store's `txn`."""
+    """What both stores share, written once: the async context manager (closing the store
+    on exit) and create-if-absent / compare-and-swap / compare-and-delete over `txn`."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self: _StoreCore,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
 
     async def create_if_absent(
-        self: _SupportsTxn, key: str, value: Any, lease: int | None = None
+        self: _StoreCore, key: str, value: Any, lease: int | None = None
     ) -> bool:
         """Write `key` only if it does not exist; True if written."""
         result = await self.txn([Compare.absent(key)], [Put(key, value, lease)])
         return result.succeeded
 
     async def compare_and_swap(
-        self: _SupportsTxn, key: str, expected_mod_revision: int, value: Any
+        self: _StoreCore, key: str, expected_mod_revision: int, value: Any
     ) -> bool:
         """Write `key` only if its mod_revision is `expected_mod_revision`."""
         result = await self.txn(
@@ -469,7 +483,7 @@ class TxnHelpers:
         )
         return result.succeeded
 
-    async def compare_and_delete(self: _SupportsTxn, key: str, expected_mod_revision: int) -> bool:
+    async def compare_and_delete(self: _StoreCore, key: str, expected_mod_revision: int) -> bool:
         """Delete `key` only if its mod_revision is `expected_mod_revision`."""
         if expected_mod_revision <= 0:
             return False  # an absent key cannot be deleted
