@@ -45,12 +45,11 @@ def _resources(report: LoadReport | None, share: float) -> tuple[float, float, f
 def _adjust(
     report: LoadReport | None,
     broker: BrokerId,
-    now: float,
     topics: tuple[TopicLoad, ...],
     delta: tuple[float, float, float, float],
     sign: float,
 ) -> LoadReport:
-    base = report or LoadReport(broker, now)
+    base = report or LoadReport(broker, 0.0)  # a broker yet to report
     return replace(
         base,
         topics=topics,
@@ -72,10 +71,10 @@ def apply_move(
 
     reports = dict(snapshot.reports)
     src_topics = tuple(t for t in (src_report.topics if src_report else ()) if t.topic != topic)
-    reports[source] = _adjust(src_report, source, 0.0, src_topics, delta, -1.0)
+    reports[source] = _adjust(src_report, source, src_topics, delta, -1.0)
     dst_report = snapshot.reports.get(target)
     dst_topics = (*(dst_report.topics if dst_report else ()), load)
-    reports[target] = _adjust(dst_report, target, 0.0, dst_topics, delta, +1.0)
+    reports[target] = _adjust(dst_report, target, dst_topics, delta, +1.0)
 
     assignments = dict(snapshot.assignments)
     assignments[source] = tuple(t for t in assignments.get(source, ()) if t != topic)
@@ -97,7 +96,7 @@ def add_topic(
     if load is not None or any(resources):
         report = snapshot.reports.get(broker)
         topics = (*(report.topics if report else ()), *((load,) if load else ()))
-        reports[broker] = _adjust(report, broker, 0.0, topics, resources, +1.0)
+        reports[broker] = _adjust(report, broker, topics, resources, +1.0)
     return replace(snapshot, reports=reports, assignments=assignments)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
+from ballast.aio import LoopTasks, tick
 from ballast.clock import Clock
 from ballast.metadata import keys
 from ballast.metadata.store import MetadataError, MetadataStore
@@ -68,8 +69,7 @@ class SubscriptionCursors:
         self._cursors: dict[str, _Cursor] = {}
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
-        self._task_group: asyncio.TaskGroup | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._loops = LoopTasks()
         self._name = f"cursors{topic}"
 
     async def load(self, subscription: str) -> int | None:
@@ -131,12 +131,14 @@ class SubscriptionCursors:
         return written
 
     async def __aenter__(self) -> Self:
-        self._task_group = asyncio.TaskGroup()
-        await self._task_group.__aenter__()
-        self._tasks = [
-            self._task_group.create_task(self._loop(), name=f"{self._name}/flush"),
-            self._task_group.create_task(self._timer(), name=f"{self._name}/timer"),
-        ]
+        await self._loops.start(
+            {
+                f"{self._name}/flush": self._loop(),
+                f"{self._name}/timer": tick(
+                    self._clock, self._config.cursor_flush_seconds, self._wake
+                ),
+            }
+        )
         return self
 
     async def __aexit__(
@@ -145,21 +147,13 @@ class SubscriptionCursors:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        for task in self._tasks:
-            task.cancel()
-        assert self._task_group is not None
         try:
-            await self._task_group.__aexit__(exc_type, exc, tb)
+            await self._loops.stop(exc_type, exc, tb)
         finally:
             try:
                 await self.flush()
             except MetadataError as flush_exc:
                 log.error("%s: final cursor flush failed: %s", self._name, flush_exc)
-
-    async def _timer(self) -> None:
-        while True:
-            await self._clock.sleep(self._config.cursor_flush_seconds)
-            self._wake.set()
 
     async def _loop(self) -> None:
         while True:

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Self, TypeVar
 
+from ballast.aio import LoopTasks, tick
 from ballast.clock import Clock
 from ballast.metadata.store import MetadataError, MetadataStore
 from ballast.model import TopicName
@@ -81,8 +82,7 @@ class Uploader:
         self._gaps = tuple(gaps)  # skipped offsets: nothing to upload there
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
-        self._task_group: asyncio.TaskGroup | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._loops = LoopTasks()
         self._name = f"uploader{topic}"
         wal.mark_uploaded(checkpoint)
 
@@ -96,12 +96,14 @@ class Uploader:
         self._wake.set()
 
     async def __aenter__(self) -> Self:
-        self._task_group = asyncio.TaskGroup()
-        await self._task_group.__aenter__()
-        self._tasks = [
-            self._task_group.create_task(self._loop(), name=f"{self._name}/loop"),
-            self._task_group.create_task(self._timer(), name=f"{self._name}/timer"),
-        ]
+        await self._loops.start(
+            {
+                f"{self._name}/loop": self._loop(),
+                f"{self._name}/timer": tick(
+                    self._clock, self._config.upload_interval_seconds, self._wake
+                ),
+            }
+        )
         self._wal.set_upload_trigger(self.trigger)
         return self
 
@@ -114,15 +116,7 @@ class Uploader:
         # No final upload here: what is not uploaded stays in the durable local WAL and is
         # uploaded after a restart. A seal drains explicitly before stopping the uploader.
         # The loops sleep on the injected clock (which may never move again): cancel them.
-        for task in self._tasks:
-            task.cancel()
-        assert self._task_group is not None
-        await self._task_group.__aexit__(exc_type, exc, tb)
-
-    async def _timer(self) -> None:
-        while True:
-            await self._clock.sleep(self._config.upload_interval_seconds)
-            self._wake.set()
+        await self._loops.stop(exc_type, exc, tb)
 
     async def _loop(self) -> None:
         while True:
