@@ -26,7 +26,14 @@ from ballast.balance.history import MoveHistory
 from ballast.balance.placement import select_broker
 from ballast.balance.pulsar_strategies import broker_resources
 from ballast.balance.shedders import SheddingInput, SheddingResult, run_shedder
-from ballast.config import PulsarConfig, RebalancingConfig, RebalancingPolicy, Strategy
+from ballast.config import (
+    LoadManagerConfig,
+    PlacementUnit,
+    PulsarConfig,
+    RebalancingConfig,
+    RebalancingPolicy,
+    Strategy,
+)
 from ballast.model import BrokerId, ClusterSnapshot, MarkerReason, Move, UnassignedMarker
 
 SHEDDER_REASON = {
@@ -195,3 +202,11 @@ def default_layouts(snapshot: ClusterSnapshot, pulsar: PulsarConfig) -> dict[str
         else NamespaceBundles.create(ns, n)
         for ns in sorted(namespaces)
     }
+
+
+def prepare_snapshot(snapshot: ClusterSnapshot, lm: LoadManagerConfig) -> ClusterSnapshot:
+    """The snapshot as the shell should hand it to the core under `lm`: with
+    `placement_unit: bundle`, every namespace without a layout gets the default bundles."""
+    if lm.placement_unit is not PlacementUnit.BUNDLE:
+        return snapshot
+    return with_bundles(snapshot, default_layouts(snapshot, lm.pulsar))

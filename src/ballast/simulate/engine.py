@@ -17,6 +17,7 @@ import numpy as np
 from ballast.balance import MoveHistory, decide_rebalance, place_topics, plan_failover
 from ballast.balance.imbalance import measure
 from ballast.balance.rebalance import active_scores
+from ballast.balance.shedding import prepare_snapshot
 from ballast.model import (
     BrokerId,
     BrokerMode,
@@ -103,6 +104,7 @@ class Simulator:
         self.pending: list[str] = []  # created, not yet placed
         self.history = MoveHistory()
         self.episode = False
+        self.shedder_state: dict[BrokerId, float] | None = None
         self.last_chosen: BrokerId | None = None
         self.now = EPOCH
         self.result = SimResult(scenario)
@@ -130,13 +132,14 @@ class Simulator:
 
     def snapshot(self) -> ClusterSnapshot:
         live = tuple(sorted(self.brokers))
-        return ClusterSnapshot(
+        snap = ClusterSnapshot(
             brokers=live,
             reports={b: self._report(b) for b in live},
             states={b: self.states[b] for b in live},
             assignments={b: tuple(self.assignments[b]) for b in live},
             topic_created={name: t.created for name, t in self.topics.items()},
         )
+        return prepare_snapshot(snap, self.lm)
 
     def _add_broker(self, spec: BrokerSpec) -> None:
         self.brokers[spec.id] = spec
@@ -180,7 +183,13 @@ class Simulator:
             self._fail_over(event.kill_broker)
 
     def _fail_over(self, dead: BrokerId) -> None:
-        plan = plan_failover(self.snapshot(), dead, self.lm.assignment_strategy, self.last_chosen)
+        plan = plan_failover(
+            self.snapshot(),
+            dead,
+            self.lm.assignment_strategy,
+            self.last_chosen,
+            pulsar=self.lm.pulsar,
+        )
         del self.brokers[dead], self.states[dead], self.assignments[dead]
         for topic, placement in plan.placements:
             if placement.broker is None:
@@ -197,7 +206,11 @@ class Simulator:
             snap = self.snapshot()
             topics = list(self.assignments[broker])
             plan = place_topics(
-                snap, self.lm.assignment_strategy, [(t, None) for t in topics], self.last_chosen
+                snap,
+                self.lm.assignment_strategy,
+                [(t, None) for t in topics],
+                self.last_chosen,
+                pulsar=self.lm.pulsar,
             )
             for topic, placement in plan.placements:
                 if placement.broker is None or placement.broker == broker:
@@ -217,6 +230,7 @@ class Simulator:
             self.lm.assignment_strategy,
             [(t, None) for t in self.pending],
             self.last_chosen,
+            pulsar=self.lm.pulsar,
         )
         self.pending = []
         for topic, placement in plan.placements:
@@ -235,11 +249,13 @@ class Simulator:
             self.lm.rebalancing,
             self.lm.assignment_strategy,
             self.episode,
+            pulsar=self.lm.pulsar,
+            shedder_state=self.shedder_state,
         )
         self.episode = d.episode
+        self.shedder_state = dict(d.shedder_state) if d.shedder_state else None
         self.result.rules[d.rule] += 1
-        if d.move is not None:
-            m = d.move
+        for m in d.moves or ((d.move,) if d.move is not None else ()):
             self.assignments[m.from_broker].remove(m.topic)
             self.assignments[m.to_broker].append(m.topic)
             self.history = self.history.add(m)
