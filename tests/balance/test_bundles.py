@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import zlib
 
 import pytest
@@ -136,7 +137,9 @@ def test_specified_positions_outside_the_bundle_are_an_error_naming_the_value() 
 
 
 def test_flow_or_qps_cuts_where_the_running_rate_passes_the_maximum() -> None:
-    cfg = PulsarConfig(namespace_bundle_max_msg_rate=1000, namespace_bundle_max_bandwidth_mbytes=100)
+    cfg = PulsarConfig(
+        namespace_bundle_max_msg_rate=1000, namespace_bundle_max_bandwidth_mbytes=100
+    )
     ns = NamespaceBundles.create("ns", 1)
     whole = ns.ranges[0]
     topics = [TopicTraffic(f"/ns/t{i}", msg_rate=400.0) for i in range(6)]  # 2400 msg/s
@@ -147,7 +150,9 @@ def test_flow_or_qps_cuts_where_the_running_rate_passes_the_maximum() -> None:
     h = [x for x, _ in by_hash]
     assert result.positions == (h[1] + (h[2] - h[1]) // 2 + 1, h[3] + (h[4] - h[3]) // 2 + 1)
     quiet = [TopicTraffic(f"/ns/q{i}", msg_rate=100.0) for i in range(5)]
-    assert split_positions(ns, whole, "flow_or_qps_equally_divide", quiet, config=cfg).positions == ()
+    assert (
+        split_positions(ns, whole, "flow_or_qps_equally_divide", quiet, config=cfg).positions == ()
+    )
 
 
 def test_auto_split_any_threshold_up_to_the_maximum_bundles() -> None:
@@ -175,7 +180,10 @@ def test_auto_split_any_threshold_up_to_the_maximum_bundles() -> None:
         ),
     }
     # exactly 100 MB/s is not above the maximum
-    assert decide_splits({"default": ns}, stats, PulsarConfig(auto_bundle_split_enabled=False)).splits == ()
+    assert (
+        decide_splits({"default": ns}, stats, PulsarConfig(auto_bundle_split_enabled=False)).splits
+        == ()
+    )
 
 
 def test_bundles_round_trip_through_json() -> None:
@@ -190,7 +198,9 @@ cuts = st.lists(st.integers(1, FULL_UPPER - 1), max_size=20)
 
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 64), extra=cuts, probes=st.lists(st.integers(0, FULL_UPPER), max_size=30))
-def test_bundles_always_partition_the_full_range(n: int, extra: list[int], probes: list[int]) -> None:
+def test_bundles_always_partition_the_full_range(
+    n: int, extra: list[int], probes: list[int]
+) -> None:
     ns = NamespaceBundles.create("ns", n)
     for p in extra:
         bundle = ns.bundle_for_hash(p)
@@ -198,7 +208,7 @@ def test_bundles_always_partition_the_full_range(n: int, extra: list[int], probe
             ns = ns.split(bundle, [p])
     ranges = ns.ranges
     assert ranges[0].lower == 0 and ranges[-1].upper == FULL_UPPER
-    assert all(a.upper == b.lower for a, b in zip(ranges, ranges[1:], strict=False))
+    assert all(a.upper == b.lower for a, b in itertools.pairwise(ranges))
     for h in [*probes, 0, FULL_UPPER]:
         assert sum(r.contains(h) for r in ranges) == 1
         assert ns.bundle_for_hash(h).contains(h)
@@ -206,7 +216,9 @@ def test_bundles_always_partition_the_full_range(n: int, extra: list[int], probe
 
 @settings(max_examples=60, deadline=None)
 @given(
-    names=st.lists(st.text("abcdefgh0123456789", min_size=1, max_size=8), min_size=2, max_size=40, unique=True),
+    names=st.lists(
+        st.text("abcdefgh0123456789", min_size=1, max_size=8), min_size=2, max_size=40, unique=True
+    ),
     algorithm=st.sampled_from(
         [
             SplitAlgorithm.RANGE_EQUALLY_DIVIDE,

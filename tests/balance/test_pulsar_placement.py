@@ -70,7 +70,9 @@ def test_least_resource_usage_with_weight_sequence() -> None:
 
 
 def test_least_resource_usage_with_weight_state_of_non_candidates_is_ignored() -> None:
-    cfg = PulsarConfig(history_resource_percentage=0.5, average_resource_usage_difference_threshold_percentage=5)
+    cfg = PulsarConfig(
+        history_resource_percentage=0.5, average_resource_usage_difference_threshold_percentage=5
+    )
     prev = {"1": 0.1, "2": 0.3, "4": 0.05}
     choice = least_resource_usage_with_weight(
         ["1", "2", "3"], {"1": 0.1, "2": 0.3, "3": 0.6}, cfg, prev
@@ -102,7 +104,9 @@ def test_select_broker_with_pulsar_strategies() -> None:
     lruw = select_broker(snap, Strategy.LEAST_RESOURCE_USAGE_WITH_WEIGHT, topic="/default/new")
     assert lruw.broker == "b"  # 20 % ≤ avg 46.7 % − 10 %
     # network counts as bandwidth: 1 Gb/s NIC, 250 MB/s reported = 125 MB/s each way = 100 %
-    scores = score_brokers(reported({"x": (5.0, 250e6, 0.0)}), Strategy.LEAST_RESOURCE_USAGE_WITH_WEIGHT)
+    scores = score_brokers(
+        reported({"x": (5.0, 250e6, 0.0)}), Strategy.LEAST_RESOURCE_USAGE_WITH_WEIGHT
+    )
     assert scores == {"x": pytest.approx(100.0)}
 
 
@@ -112,7 +116,9 @@ def test_select_broker_with_pulsar_strategies() -> None:
 def test_a_broker_in_two_domains_is_an_error_naming_it() -> None:
     with pytest.raises(DomainError, match="broker 'b1' is in two failure domains: 'd1' and 'd2'"):
         FailureDomains({"d1": frozenset({"b1"}), "d2": frozenset({"b1", "b2"})})
-    with pytest.raises(DomainError, match=r"'b1' is in two failure domains: 'x' \(its broker.domain\)"):
+    with pytest.raises(
+        DomainError, match=r"'b1' is in two failure domains: 'x' \(its broker.domain\)"
+    ):
         FailureDomains.merge({"b1": "x"}, {"d1": ["b1"]})
     merged = FailureDomains.merge({"b1": "d1", "b3": "d2", "b4": None}, {"d1": ["b2"]})
     assert merged.broker_to_domain() == {"b1": "d1", "b2": "d1", "b3": "d2"}
@@ -135,7 +141,12 @@ def test_reference_table_four_namespaces_two_domains_one_per_broker() -> None:
     brokers = ("broker1", "broker2", "broker3", "broker4")
     snap = ClusterSnapshot(
         brokers,
-        broker_domains={"broker1": "domain1", "broker2": "domain1", "broker3": "domain2", "broker4": "domain2"},
+        broker_domains={
+            "broker1": "domain1",
+            "broker2": "domain1",
+            "broker3": "domain2",
+            "broker4": "domain2",
+        },
         anti_affinity_groups={f"ns{i}": "group" for i in range(1, 5)},
     )
     chosen = []

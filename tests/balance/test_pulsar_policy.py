@@ -128,7 +128,15 @@ def test_config_policy_and_pulsar_section() -> None:
         parse_config({"load_manager": {"rebalancing": {"policy": "shedder"}}})
     with pytest.raises(ConfigError, match="specified_positions_divide' is admin-only"):
         parse_config(
-            {"load_manager": {"pulsar": {"default_namespace_bundle_split_algorithm": "specified_positions_divide"}}}
+            {
+                "load_manager": {
+                    "pulsar": {
+                        "default_namespace_bundle_split_algorithm": "specified_positions_divide"
+                    }
+                }
+            }
         )
-    with pytest.raises(ConfigError, match="default_namespace_bundle_split_algorithm.*'halves'"):
-        parse_config({"load_manager": {"pulsar": {"default_namespace_bundle_split_algorithm": "halves"}}})
+    with pytest.raises(ConfigError, match=r"default_namespace_bundle_split_algorithm.*'halves'"):
+        parse_config(
+            {"load_manager": {"pulsar": {"default_namespace_bundle_split_algorithm": "halves"}}}
+        )

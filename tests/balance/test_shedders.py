@@ -29,10 +29,7 @@ def make_input(
     units: (name, broker, msg_rate, throughput)."""
     ids = tuple(sorted(brokers))
     res = np.array(
-        [
-            [brokers[b].get(k, 0.0) for k in ("cpu", "mem", "direct", "bw_in", "bw_out")]
-            for b in ids
-        ]
+        [[brokers[b].get(k, 0.0) for k in ("cpu", "mem", "direct", "bw_in", "bw_out")] for b in ids]
     ).reshape(len(ids), 5)
     names = tuple(u[0] for u in units)
     return SheddingInput(
@@ -229,7 +226,9 @@ def test_uniform_max_unload_bundle_num_per_shedding() -> None:
     units = [(f"bundle-{i}", "broker-1", 0.0, 2.0 * MB) for i in range(1, 21)]
     inp = make_input(brokers, units)
     assert len(uniform_shedder(inp, DEFAULT).unloads) == 3
-    assert len(uniform_shedder(inp, PulsarConfig(max_unload_bundle_num_per_shedding=2)).unloads) == 2
+    assert (
+        len(uniform_shedder(inp, PulsarConfig(max_unload_bundle_num_per_shedding=2)).unloads) == 2
+    )
 
 
 def five_brokers() -> SheddingInput:

@@ -47,7 +47,9 @@ topics:
     result = simulate(load_scenario(str(path)))
     assert result.moves
     layout = NamespaceBundles.create("default", 8)
-    moves_at = Counter((m.timestamp, m.to_broker, layout.bundle_for_topic(m.topic)) for m in result.moves)
+    moves_at = Counter(
+        (m.timestamp, m.to_broker, layout.bundle_for_topic(m.topic)) for m in result.moves
+    )
     by_bundle = Counter(layout.bundle_for_topic(m.topic) for m in result.moves)
     # every moved bundle moved whole, in one decision, to one target
     assert sorted(moves_at.values()) == sorted(by_bundle.values())
