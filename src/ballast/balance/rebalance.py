@@ -16,6 +16,7 @@ from ballast.balance.estimate import apply_move, broker_topic_load
 from ballast.balance.history import MoveHistory
 from ballast.balance.imbalance import Imbalance, measure, sum_squared_deviations
 from ballast.balance.rankings import score_brokers
+from ballast.balance.shedding import shed
 from ballast.config import PulsarConfig, RebalancingConfig, RebalancingPolicy, Strategy
 from ballast.model import BrokerId, ClusterSnapshot, Move
 
@@ -220,8 +221,6 @@ def _decide_shedding(
     pulsar: PulsarConfig | None,
     state: Mapping[BrokerId, float] | None,
 ) -> Decision:
-    from ballast.balance.shedding import shed  # shedding builds on placement and estimate
-
     cfg = pulsar or PulsarConfig()
     if not cfg.shedding_enabled:
         return Decision("disabled", "shedding is disabled (pulsar.shedding_enabled: false)", stats)

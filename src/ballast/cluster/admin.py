@@ -376,13 +376,17 @@ class AdminClient:
         """A rebalance plan for the cluster as it is now (nothing is written)."""
         view = await self.view()
         history = MoveHistory.of(view.moves.values())
+        from ballast.cluster.namespaces import NamespaceAdmin  # Pulsar's inputs (issue 12)
+
+        snapshot = await NamespaceAdmin(self).enrich(view, view.snapshot())
         plan = plan_rebalance(
-            view.snapshot(),
+            snapshot,
             self.config.load_manager.rebalancing,
             self.strategy(view),
             self.clock.now(),
             max_moves,
             history,
+            pulsar=self.config.load_manager.pulsar,
         )
         return plan, view
 
