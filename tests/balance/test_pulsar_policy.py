@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ballast.balance import MoveHistory, decide_rebalance
 from ballast.balance.bundles import NamespaceBundles
+from ballast.balance.estimate import apply_move
+from ballast.balance.rankings import score_brokers
+from ballast.balance.shedding import _rescored
 from ballast.config import (
     ConfigError,
     PulsarConfig,
@@ -140,3 +146,48 @@ def test_config_policy_and_pulsar_section() -> None:
         parse_config(
             {"load_manager": {"pulsar": {"default_namespace_bundle_split_algorithm": "halves"}}}
         )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    cpus=st.lists(st.floats(0, 100), min_size=3, max_size=6),
+    strategy=st.sampled_from(list(Strategy)),
+    seed=st.integers(0, 1000),
+)
+def test_incremental_rescoring_matches_full_scoring(
+    cpus: list[float], strategy: Strategy, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    spec = {
+        f"b{i}": (c, rng.uniform(0.1, 5, rng.integers(1, 6)).tolist()) for i, c in enumerate(cpus)
+    }
+    snap = cluster(spec)
+    scores = score_brokers(snap, strategy)
+    src, dst = "b0", "b1"
+    topic = snap.assignments[src][0]
+    after = apply_move(snap, topic, src, dst)
+    assert _rescored(after, scores, (src, dst), strategy, PulsarConfig()) == pytest.approx(
+        score_brokers(after, strategy)
+    )
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    cpus=st.lists(st.floats(0, 100), min_size=2, max_size=6),
+    policy=st.sampled_from(["threshold", "overload", "uniform"]),
+    seed=st.integers(0, 1000),
+)
+def test_shedders_never_move_a_brokers_only_unit_nor_a_topic_twice(
+    cpus: list[float], policy: str, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    spec = {
+        f"b{i}": (c, rng.uniform(0, 40, rng.integers(0, 5)).tolist()) for i, c in enumerate(cpus)
+    }
+    snap = cluster(spec)
+    d = decide_rebalance(snap, MoveHistory(), NOW, rules(policy), Strategy.FAIR)
+    moved = [m.topic for m in d.moves]
+    assert len(moved) == len(set(moved))
+    for m in d.moves:
+        assert len(snap.assignments[m.from_broker]) > 1
+        assert m.to_broker != m.from_broker

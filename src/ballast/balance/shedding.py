@@ -25,6 +25,7 @@ from ballast.balance.estimate import apply_move
 from ballast.balance.history import MoveHistory
 from ballast.balance.placement import select_broker
 from ballast.balance.pulsar_strategies import broker_resources
+from ballast.balance.rankings import score_brokers
 from ballast.balance.shedders import SheddingInput, SheddingResult, run_shedder
 from ballast.config import (
     LoadManagerConfig,
@@ -159,10 +160,11 @@ def shed(
     after_first: ClusterSnapshot | None = None
     last: BrokerId | None = None
     reason = SHEDDER_REASON[config.policy]
+    scores = score_brokers(after, strategy, cfg) if result.unloads else {}
     for unload in result.unloads:
         ts = units.topics[index[(unload.unit, unload.broker)]]
         marker = UnassignedMarker(MarkerReason.REBALANCE, from_broker=unload.broker, timestamp=now)
-        placement = select_broker(after, strategy, marker, last, topic=ts[0], pulsar=cfg)
+        placement = select_broker(after, strategy, marker, last, scores, topic=ts[0], pulsar=cfg)
         if placement.broker is None:
             notes.append(f"{unload.unit}: no target ({placement.reason})")
             continue
@@ -174,11 +176,37 @@ def shed(
             after = apply_move(after, t, unload.broker, target)
             if after_first is None:
                 after_first = after
+        scores = _rescored(after, scores, (unload.broker, target), strategy, cfg)
         notes.append(
             f"{unload.unit} ({len(ts)} topic(s), {unload.throughput / 1e6:.2f} MB/s, "
             f"{unload.msg_rate:.0f} msg/s): {unload.broker} → {target} {placement.reason}"
         )
     return SheddingOutcome(result, tuple(moves), after_first, after, tuple(notes))
+
+
+def _rescored(
+    after: ClusterSnapshot,
+    scores: dict[BrokerId, float],
+    changed: tuple[BrokerId, BrokerId],
+    strategy: Strategy,
+    cfg: PulsarConfig,
+) -> dict[BrokerId, float]:
+    """Scores after a move. Fair, Balanced (when these brokers report resources) and
+    Pulsar's strategies score each broker on its own data: only the two brokers of the move
+    are rescored. WeightedLoad normalises by the cluster maximum: everything is."""
+    local = strategy is not Strategy.WEIGHTED_LOAD
+    if strategy is Strategy.BALANCED:
+        reps = [after.reports.get(b) for b in changed]
+        local = any(r is not None and (r.cpu_percent or r.memory_percent) for r in reps)
+    if not local:
+        return score_brokers(after, strategy, cfg)
+    sub = ClusterSnapshot(
+        changed,
+        {b: r for b in changed if (r := after.reports.get(b)) is not None},
+        {},
+        {b: after.assignments.get(b, ()) for b in changed},
+    )
+    return {**scores, **score_brokers(sub, strategy, cfg)}
 
 
 def with_bundles(
