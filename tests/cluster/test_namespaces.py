@@ -8,6 +8,7 @@ import pytest
 from ballast.cluster.admin import AdminClient, AdminError
 from ballast.cluster.namespaces import NamespaceAdmin
 from ballast.cluster.records import Registration, TopicMeta
+from ballast.cluster.view import ClusterView
 from ballast.config import parse_config
 from ballast.metadata import keys
 from ballast.metadata.memory import MemoryStore
@@ -107,3 +108,19 @@ def test_pulsar_keys_round_trip_and_reject_bad_names() -> None:
         keys.namespace_bundles("a/b")
     with pytest.raises(keys.KeyLayoutError):
         keys.parse_bundles_key("/cluster/bundles/a/b")
+
+
+async def test_the_leaders_view_carries_domains_and_groups_into_the_snapshot() -> None:
+    ns = await seeded()
+    await ns.create_failure_domain("rack-a", ["b1", "b2"])
+    await ns.set_anti_affinity_group("orders", "g")
+    await ns.store.put(keys.failure_domain("broken"), {"brokers": "b3"})  # bad value
+    listing = await ns.store.get_prefix(keys.CLUSTER_PREFIX)
+    view, bad = ClusterView.from_listings(listing)
+    assert [b.key for b in bad] == ["/cluster/failure_domains/broken"]
+    snap = view.snapshot()
+    assert snap.broker_domains == {"b1": "rack-a", "b2": "rack-a"}
+    assert snap.anti_affinity_groups == {"orders": "g"}
+    await ns.delete_failure_domain("rack-a")
+    view, _ = ClusterView.from_listings(await ns.store.get_prefix(keys.CLUSTER_PREFIX))
+    assert view.snapshot().broker_domains == {}

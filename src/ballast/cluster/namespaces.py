@@ -6,7 +6,7 @@ unloads, anti-affinity groups and failure domains (the shell around `balance.bun
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ballast.balance.bundles import (
@@ -165,9 +165,7 @@ class NamespaceAdmin:
 
     async def enrich(self, view: ClusterView, snapshot: ClusterSnapshot) -> ClusterSnapshot:
         """The snapshot with Pulsar's inputs: bundles (placement by bundle), domains, groups."""
-        from dataclasses import replace
-
-        domains = (await self.domains(view)).broker_to_domain()
+        domains = (await self.domains(view)).broker_to_domain()  # raises on a conflict
         snap = replace(snapshot, broker_domains=domains, anti_affinity_groups=await self.groups())
         if self.admin.config.load_manager.placement_unit is PlacementUnit.BUNDLE:
             snap = with_bundles(snap, await self.layouts())
