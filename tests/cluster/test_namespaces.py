@@ -3,6 +3,8 @@ the embedded store, and `rebalance --dry-run` explaining a shedder."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ballast.cluster.admin import AdminClient, AdminError
@@ -124,3 +126,44 @@ async def test_the_leaders_view_carries_domains_and_groups_into_the_snapshot() -
     await ns.delete_failure_domain("rack-a")
     view, _ = ClusterView.from_listings(await ns.store.get_prefix(keys.CLUSTER_PREFIX))
     assert view.snapshot().broker_domains == {}
+
+
+def test_cli_bad_input_names_the_value() -> None:
+    from typer.testing import CliRunner
+
+    from ballast.cli.main import app
+
+    runner = CliRunner()
+    mem = ("--etcd", "memory")
+    cases = [
+        (
+            [
+                "namespaces",
+                "split-bundle",
+                "orders",
+                "0x00000000_0x40000000",
+                "--algorithm",
+                "halves",
+            ],
+            "unknown split algorithm 'halves'",
+        ),
+        (
+            ["namespaces", "split-bundle", "orders", "0x00000000_0x40000000", "--positions", "zz"],
+            "invalid split position 'zz'",
+        ),
+        (["namespaces", "create", "orders", "--bundles", "0"], "--bundles 0"),
+        (["namespaces", "bundles", "a/b"], "invalid namespace 'a/b'"),
+        (["clusters", "failure-domain", "delete", "nowhere"], "failure domain 'nowhere'"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, ["admin", *args, *mem])
+        assert result.exit_code == 1, (args, result.output)
+        assert message in " ".join(result.output.split()), result.output
+    ok = runner.invoke(
+        app, ["admin", "namespaces", "create", "orders", "--bundles", "2", *mem, "--json"]
+    )
+    assert ok.exit_code == 0
+    assert json.loads(ok.output)["bundles"] == [
+        "orders/0x00000000_0x80000000",
+        "orders/0x80000000_0xffffffff",
+    ]
