@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ballast.model import BrokerId, ClusterSnapshot, TopicName
+from ballast.model import BrokerId, ClusterSnapshot
 
 DEFAULT_DOMAIN = "default"  # Pulsar's name for brokers outside every domain
 
@@ -72,10 +72,8 @@ class FailureDomains:
 
 def namespaces_by_broker(snapshot: ClusterSnapshot) -> dict[BrokerId, set[str]]:
     """The namespaces each broker holds (owns at least one topic of)."""
-    out: dict[BrokerId, set[str]] = {}
-    for b, topics in snapshot.assignments.items():
-        out[b] = {TopicName.parse(t).namespace for t in topics}
-    return out
+    # Assigned topic names are validated on the way in (`/ns/topic`): split, don't re-parse.
+    return {b: {t.split("/", 2)[1] for t in topics} for b, topics in snapshot.assignments.items()}
 
 
 def group_counts(snapshot: ClusterSnapshot, namespace: str) -> dict[BrokerId, int] | None:
