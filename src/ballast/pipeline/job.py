@@ -369,7 +369,14 @@ def run_analysis(
             )
             built = snapshot.build_snapshot(parts, stale_after)
             core_started = time.perf_counter()
-            plan = plan_rebalance(built.snapshot, rules, strategy, built.now, options.max_moves)
+            plan = plan_rebalance(
+                built.snapshot,
+                rules,
+                strategy,
+                built.now,
+                options.max_moves,
+                pulsar=options.config.load_manager.pulsar,
+            )
             # Reported apart: the core's own planning time, not Spark's.
             stage.timings["plan_core"] = round(time.perf_counter() - core_started, 3)
             plan_doc = _plan_document(
