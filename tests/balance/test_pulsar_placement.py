@@ -5,6 +5,8 @@ reference's anti-affinity table)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ballast.balance import select_broker
 from ballast.balance.bundles import NamespaceBundles
@@ -223,3 +225,21 @@ def test_topics_of_one_bundle_share_a_broker() -> None:
     marker = UnassignedMarker(MarkerReason.FAILOVER, from_broker=owner)
     moved = select_broker(snap, Strategy.FAIR, marker, topic=t)
     assert moved.broker != owner
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    counts=st.dictionaries(st.sampled_from("abcdef"), st.integers(0, 4), min_size=1),
+    domains=st.dictionaries(st.sampled_from("abcdef"), st.sampled_from(["d1", "d2", "d3"])),
+)
+def test_anti_affinity_keeps_someone_and_only_the_least_loaded(
+    counts: dict[str, int], domains: dict[str, str]
+) -> None:
+    candidates = sorted(counts)
+    result = filter_anti_affinity(candidates, counts, domains, "g")
+    assert result.kept
+    assert set(result.kept) | set(result.rejected) == set(candidates)
+    kept_counts = {counts[b] for b in result.kept}
+    assert len(kept_counts) == 1
+    if not domains:
+        assert kept_counts == {min(counts.values())}

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ballast.balance.shedders import (
     SheddingInput,
@@ -296,3 +298,33 @@ def test_uniform_minimum_unload_made_small_clusters_stuck() -> None:
     assert result.unloads == ()
     assert result.verdicts[0].rule == "min-unload"
     assert "40 msg/s < minimum 1000 msg/s" in result.verdicts[0].detail
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    loads=st.lists(
+        st.tuples(st.floats(0, 100), st.lists(st.floats(0, 50), max_size=6)), min_size=1, max_size=6
+    ),
+    blocked_every=st.integers(2, 5),
+)
+def test_shedders_respect_blocked_and_only_units(
+    loads: list[tuple[float, list[float]]], blocked_every: int
+) -> None:
+    brokers, units = {}, []
+    for i, (cpu, rates) in enumerate(loads):
+        b = f"b{i}"
+        brokers[b] = {"cpu": cpu, "rate": 100.0 * sum(rates), "thr": sum(rates) * MB}
+        units += [(f"{b}-u{j}", b, 100.0 * r, r * MB) for j, r in enumerate(rates)]
+    blocked = [u[0] for k, u in enumerate(units) if k % blocked_every == 0]
+    inp = make_input(brokers, units, blocked)
+    counts = {b: sum(1 for u in units if u[1] == b) for b in brokers}
+    for result in (
+        threshold_shedder(inp, PulsarConfig(lower_boundary_shedding_enabled=True)),
+        overload_shedder(inp, DEFAULT),
+        uniform_shedder(inp, DEFAULT),
+    ):
+        names = [u.unit for u in result.unloads]
+        assert len(names) == len(set(names))
+        for u in result.unloads:
+            assert u.unit not in blocked
+            assert counts[u.broker] > 1
