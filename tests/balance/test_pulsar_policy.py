@@ -191,3 +191,13 @@ def test_shedders_never_move_a_brokers_only_unit_nor_a_topic_twice(
     for m in d.moves:
         assert len(snap.assignments[m.from_broker]) > 1
         assert m.to_broker != m.from_broker
+
+
+def test_a_broker_yet_to_report_does_not_drag_the_average_down() -> None:
+    snap = cluster({"a": (60.0, [20, 20]), "b": (50.0, [20, 20])})
+    joined = ClusterSnapshot(
+        (*snap.brokers, "new"), snap.reports, {}, {**snap.assignments, "new": ()}
+    )
+    d = decide_rebalance(joined, MoveHistory(), NOW, rules("threshold"), Strategy.FAIR)
+    assert d.rule == "no-shedding"
+    assert "over 2 broker(s)" in d.reason

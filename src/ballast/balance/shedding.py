@@ -63,9 +63,11 @@ def build_units(
     config: RebalancingConfig,
     pulsar: PulsarConfig,
 ) -> Units:
-    """Active brokers (by id) and their units: bundles for namespaces placed by bundle,
-    topics otherwise; with the reasons that keep some units in place."""
-    brokers = tuple(sorted(snapshot.active_brokers()))
+    """Active brokers that have reported (by id) and their units: bundles for namespaces
+    placed by bundle, topics otherwise; with the reasons that keep some units in place."""
+    # Like Pulsar's load data: the brokers that have reported (a broker yet to report would
+    # count as idle and drag the average down); they may all still receive units.
+    brokers = tuple(sorted(b for b in snapshot.active_brokers() if b in snapshot.reports))
     layouts = unit_layouts(snapshot)
     grace = pulsar.shedding_grace_period_minutes * 60
     recent = history.recently_moved(now, grace) if grace > 0 else frozenset()
