@@ -150,6 +150,8 @@ class PolicyRun:
     converged_after_seconds: float | None
     windows: int
     cv: tuple[float, ...]  # per window, after its moves (`initial_cv`: before the first)
+    rules: Mapping[str, int]  # how many windows ended with each decision rule
+    last_decision: str  # the last window's explanation (why it moved, or why not)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -160,6 +162,8 @@ class PolicyRun:
             "mean_cv": self.mean_cv,
             "converged_after_seconds": self.converged_after_seconds,
             "windows": self.windows,
+            "rules": dict(self.rules),
+            "last_decision": self.last_decision,
         }
 
 
@@ -179,6 +183,8 @@ def replay_policy(
     moves = 0
     cvs: list[float] = []
     initial: float | None = None
+    rule_counts: dict[str, int] = {}
+    last = ""
     for w in windows:
         snap = window_snapshot(w, virtual)
         if initial is None:
@@ -188,6 +194,8 @@ def replay_policy(
         )
         episode = d.episode
         state = dict(d.shedder_state) if d.shedder_state else None
+        rule_counts[d.rule] = rule_counts.get(d.rule, 0) + 1
+        last = d.explanation
         for m in d.moves or ((d.move,) if d.move is not None else ()):
             snap = apply_move(snap, m.topic, m.from_broker, m.to_broker)
             virtual[m.topic] = m.to_broker
@@ -208,6 +216,8 @@ def replay_policy(
         converged,
         len(cvs),
         tuple(cvs),
+        dict(sorted(rule_counts.items())),
+        last,
     )
 
 
