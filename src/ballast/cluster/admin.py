@@ -255,7 +255,13 @@ class AdminClient:
             MarkerReason.UNLOAD, from_broker=info.owner, ready=True
         )
         snapshot = view.snapshot(exclude={name})
-        placement = select_broker(snapshot, self.strategy(view), marker)
+        placement = select_broker(
+            snapshot,
+            self.strategy(view),
+            marker,
+            topic=name,
+            pulsar=self.config.load_manager.pulsar,
+        )
         meta = view.topics.get(name)
         return TopicDetail(info, meta.to_dict() if meta is not None else {}, placement)
 
