@@ -6,7 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 from ballast.balance.bundles import NamespaceBundles
-from ballast.simulate.engine import EPOCH, simulate
+from ballast.simulate.engine import EPOCH, Simulator, simulate
 from ballast.simulate.scenario import load_scenario
 
 
@@ -55,3 +55,35 @@ topics:
     assert sorted(moves_at.values()) == sorted(by_bundle.values())
     assert all(m.reason == "OverloadShedder" for m in result.moves)
     assert all(m.timestamp >= EPOCH for m in result.moves)
+
+
+def test_hot_bundle_splits_and_the_halves_spread(tmp_path: Path) -> None:
+    path = tmp_path / "split.yaml"
+    path.write_text(
+        """
+name: split
+duration_hours: 1
+step_seconds: 60
+load_manager:
+  assignment_strategy: least_long_term_message_rate
+  placement_unit: bundle
+  rebalancing: {enabled: true, policy: threshold}
+  pulsar: {default_number_of_namespace_bundles: 2, nic_speed_gbps: 10}
+brokers: [{id: a, cpu_capacity: 4}, {id: b, cpu_capacity: 4}, {id: c, cpu_capacity: 4}]
+topics:
+  - {count: 60, byte_rate: 200000, msg_rate: 400, place_on: [a]}
+events:
+  - {at: 600, grow_topics: {count: 60, factor: 3, over_seconds: 1200}}
+"""
+    )
+    sim = Simulator(load_scenario(str(path)))
+    result = sim.run()
+    assert result.rules["bundle-split"] >= 1
+    layout = sim.layouts["default"]
+    assert len(layout) >= 3
+    owners: dict[str, set[str]] = {}
+    for broker, topics in sim.assignments.items():
+        for t in topics:
+            owners.setdefault(layout.full_name(layout.bundle_for_topic(t)), set()).add(broker)
+    assert all(len(v) == 1 for v in owners.values())  # every bundle on one broker
+    assert all(result.final_topics[b] > 0 for b in ("a", "b", "c"))

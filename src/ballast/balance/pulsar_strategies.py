@@ -108,9 +108,13 @@ def least_long_term_message_rate(
     msg_rate: Mapping[BrokerId, float],
     max_usage: Mapping[BrokerId, float],
     cfg: PulsarConfig,
+    units: Mapping[BrokerId, int] | None = None,
 ) -> StrategyChoice:
     """Lowest message rate among brokers not above the overload threshold; when every
-    candidate is overloaded, the lowest message rate among all (Pulsar: random)."""
+    candidate is overloaded, the lowest message rate among all (Pulsar: random). Equal
+    rates go to the broker owning fewer `units` (topics), then the lowest id, so a burst
+    placed before the next load report still spreads (Pulsar counts preallocated bundles)."""
+    units = units or {}
     if not candidates:
         return StrategyChoice(None, "[no-broker] no candidate broker")
     limit = cfg.broker_overloaded_threshold_percentage / 100
@@ -123,7 +127,7 @@ def least_long_term_message_rate(
         else:
             ok.append(b)
     pool = ok or sorted(candidates)
-    best = min(pool, key=lambda b: (msg_rate.get(b, 0.0), b))
+    best = min(pool, key=lambda b: (msg_rate.get(b, 0.0), units.get(b, 0), b))
     scores = {b: msg_rate.get(b, 0.0) for b in candidates}
     for b in ok:
         if b != best:
@@ -143,6 +147,7 @@ def least_resource_usage_with_weight(
     cfg: PulsarConfig,
     previous: Mapping[BrokerId, float] | None = None,
     idle: Sequence[BrokerId] = (),
+    units: Mapping[BrokerId, int] | None = None,
 ) -> StrategyChoice:
     """Brokers whose smoothed usage is at least `average_resource_usage_difference_threshold`
     below the candidates' average; the least used of them (Pulsar: random among them).
@@ -150,7 +155,9 @@ def least_resource_usage_with_weight(
     `sample` is each broker's max weighted usage (fraction); `previous` the smoothed values
     of the last call (the returned `usage`); a broker in `idle` (owning nothing, e.g. just
     restarted) starts again from its sample, as in Pulsar. With no broker far enough below
-    the average, the least used candidate is chosen (Pulsar: a random one)."""
+    the average, the least used candidate is chosen (Pulsar: a random one). Ties: fewer
+    `units`, then the lowest id."""
+    units = units or {}
     if not candidates:
         return StrategyChoice(None, "[no-broker] no candidate broker")
     h = cfg.history_resource_percentage
@@ -169,7 +176,7 @@ def least_resource_usage_with_weight(
         if b not in best
     }
     pool = best or sorted(candidates)
-    chosen = min(pool, key=lambda b: (usage[b], b))
+    chosen = min(pool, key=lambda b: (usage[b], units.get(b, 0), b))
     why = (
         f"{len(best)} broker(s) ≥ {100 * diff:.0f}% below the average {100 * avg:.1f}%"
         if best
@@ -195,9 +202,10 @@ def select_pulsar(
     cfg = cfg or PulsarConfig()
     brokers = tuple(sorted(candidates))
     res = broker_resources(snapshot, brokers, cfg)
+    units = {b: len(snapshot.assignments.get(b, ())) for b in brokers}
     if strategy is Strategy.LEAST_LONG_TERM_MESSAGE_RATE:
         rates = dict(zip(brokers, broker_msg_rates(snapshot, brokers).tolist(), strict=True))
         usage = dict(zip(brokers, max_usage(res).tolist(), strict=True))
-        return least_long_term_message_rate(brokers, rates, usage, cfg)
+        return least_long_term_message_rate(brokers, rates, usage, cfg, units)
     sample = dict(zip(brokers, max_usage_with_weight(res, cfg).tolist(), strict=True))
-    return least_resource_usage_with_weight(brokers, sample, cfg)
+    return least_resource_usage_with_weight(brokers, sample, cfg, units=units)

@@ -18,7 +18,16 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ballast.balance.bundles import NamespaceBundles
+from ballast.balance.bundles import (
+    NamespaceBundles,
+    SplitPlan,
+    SplitResult,
+    TopicTraffic,
+    bundle_stats,
+    decide_splits,
+    split_bundle,
+    topic_hash,
+)
 from ballast.balance.candidates import is_blacklisted
 from ballast.balance.domains import group_counts, should_unload
 from ballast.balance.estimate import apply_move
@@ -35,7 +44,14 @@ from ballast.config import (
     RebalancingPolicy,
     Strategy,
 )
-from ballast.model import BrokerId, ClusterSnapshot, MarkerReason, Move, UnassignedMarker
+from ballast.model import (
+    BrokerId,
+    ClusterSnapshot,
+    MarkerReason,
+    Move,
+    TopicLoad,
+    UnassignedMarker,
+)
 
 SHEDDER_REASON = {
     RebalancingPolicy.THRESHOLD: "ThresholdShedder",
@@ -234,9 +250,65 @@ def default_layouts(snapshot: ClusterSnapshot, pulsar: PulsarConfig) -> dict[str
     }
 
 
-def prepare_snapshot(snapshot: ClusterSnapshot, lm: LoadManagerConfig) -> ClusterSnapshot:
+def prepare_snapshot(
+    snapshot: ClusterSnapshot,
+    lm: LoadManagerConfig,
+    layouts: Mapping[str, NamespaceBundles] | None = None,
+) -> ClusterSnapshot:
     """The snapshot as the shell should hand it to the core under `lm`: with
-    `placement_unit: bundle`, every namespace without a layout gets the default bundles."""
+    `placement_unit: bundle`, the namespaces' known `layouts`, and the default bundles for
+    every other namespace."""
     if lm.placement_unit is not PlacementUnit.BUNDLE:
         return snapshot
+    snapshot = with_bundles(snapshot, layouts or {})
     return with_bundles(snapshot, default_layouts(snapshot, lm.pulsar))
+
+
+@dataclass(frozen=True)
+class AutoSplit:
+    """The automatic split of this cycle: new layouts, the plan with its reasons, each
+    split's result, and the topics to unload (when `auto_unload_split_bundles_enabled`)."""
+
+    layouts: Mapping[str, NamespaceBundles]
+    plan: SplitPlan
+    results: tuple[SplitResult, ...]
+    unload: tuple[tuple[str, BrokerId], ...]
+
+
+def auto_split(snapshot: ClusterSnapshot, pulsar: PulsarConfig) -> AutoSplit:
+    """Pulsar's bundle split task on a snapshot placed by bundle: split every bundle over a
+    maximum (`decide_splits`) with the default algorithm; the split bundles' topics are
+    unloaded when configured, so that placement can spread the new bundles."""
+    layouts = unit_layouts(snapshot)
+    loads: dict[str, list[TopicLoad]] = {}
+    owner: dict[str, BrokerId] = {}
+    for b in snapshot.brokers:
+        for t, load in snapshot.topic_loads(b).items():
+            loads.setdefault(t.split("/", 2)[1], []).append(load)
+            owner[t] = b
+    stats = {ns: bundle_stats(layouts[ns], loads.get(ns, ())) for ns in layouts}
+    plan = decide_splits(layouts, stats, pulsar)
+    new = dict(layouts)
+    results: list[SplitResult] = []
+    unload: list[tuple[str, BrokerId]] = []
+    for s in plan.splits:
+        layout = new[s.namespace]
+        traffic = [
+            TopicTraffic(t.topic, t.msg_rate, t.byte_rate)
+            for t in loads.get(s.namespace, ())
+            if s.bundle.contains(topic_hash(t.topic))
+        ]
+        after, result = split_bundle(
+            layout,
+            s.bundle,
+            pulsar.default_namespace_bundle_split_algorithm,
+            traffic,
+            config=pulsar,
+        )
+        results.append(result)
+        if after is layout:
+            continue
+        new[s.namespace] = after
+        if pulsar.auto_unload_split_bundles_enabled:
+            unload += [(t.topic, owner[t.topic]) for t in traffic]
+    return AutoSplit(new, plan, tuple(results), tuple(unload))

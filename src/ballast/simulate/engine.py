@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ballast.balance import MoveHistory, decide_rebalance, place_topics, plan_failover
+from ballast.balance.bundles import NamespaceBundles
 from ballast.balance.imbalance import measure
 from ballast.balance.rebalance import active_scores
-from ballast.balance.shedding import prepare_snapshot
+from ballast.balance.shedding import auto_split, prepare_snapshot
+from ballast.config import PlacementUnit
 from ballast.model import (
     BrokerId,
     BrokerMode,
@@ -105,6 +107,7 @@ class Simulator:
         self.history = MoveHistory()
         self.episode = False
         self.shedder_state: dict[BrokerId, float] | None = None
+        self.layouts: dict[str, NamespaceBundles] = {}  # bundles, when placed by bundle
         self.last_chosen: BrokerId | None = None
         self.now = EPOCH
         self.result = SimResult(scenario)
@@ -139,7 +142,7 @@ class Simulator:
             assignments={b: tuple(self.assignments[b]) for b in live},
             topic_created={name: t.created for name, t in self.topics.items()},
         )
-        return prepare_snapshot(snap, self.lm)
+        return prepare_snapshot(snap, self.lm, self.layouts)
 
     def _add_broker(self, spec: BrokerSpec) -> None:
         self.brokers[spec.id] = spec
@@ -240,6 +243,17 @@ class Simulator:
                 self.assignments[placement.broker].append(topic)
         self.last_chosen = plan.last_chosen
 
+    def _split(self) -> None:
+        """Pulsar's automatic bundle split (placement by bundle); split topics re-placed."""
+        if self.lm.placement_unit is not PlacementUnit.BUNDLE:
+            return
+        out = auto_split(self.snapshot(), self.lm.pulsar)
+        self.layouts.update(out.layouts)
+        self.result.rules["bundle-split"] += sum(1 for r in out.results if r.positions)
+        for topic, broker in out.unload:
+            self.assignments[broker].remove(topic)
+            self.pending.append(topic)
+
     def _rebalance(self) -> str:
         snap = self.snapshot()
         d = decide_rebalance(
@@ -293,6 +307,7 @@ class Simulator:
             while events and EPOCH + events[0].at <= self.now:
                 self._apply(events.pop(0))
             self._drain()
+            self._split()
             self._place_pending()
             rule = self._rebalance()
             if self.now >= next_sample:
