@@ -18,10 +18,13 @@ from ballast.balance.bundles import (
     TopicTraffic,
     decide_splits,
     even_boundaries,
+    flow_or_qps_equally_divide,
     parse_algorithm,
     parse_position,
+    specified_positions_divide,
     split_bundle,
     split_positions,
+    topic_count_equally_divide,
     topic_hash,
 )
 from ballast.config import PulsarConfig, SplitAlgorithm
@@ -247,3 +250,53 @@ def test_a_split_keeps_every_topic_in_exactly_one_bundle(
         if b != bundle:
             assert new_groups[b] == ts
     assert len(after) == len(ns) + len(result.positions)
+
+
+# --- Pulsar's split-algorithm unit tests, ported ------------------------------------------
+
+
+def test_pulsar_topic_count_split_of_a_b_c() -> None:
+    hashes = sorted(topic_hash(t) for t in ("a", "b", "c"))
+    whole = BundleRange(0, FULL_UPPER)
+    assert topic_count_equally_divide(whole, ["a", "b", "c"]) == (
+        hashes[0] + (hashes[1] - hashes[0]) // 2,
+    )
+    assert topic_count_equally_divide(whole, ["a"]) == ()
+
+
+def test_pulsar_specified_positions_inside_the_bundle() -> None:
+    bundle = BundleRange(1, 1000)
+    assert specified_positions_divide(bundle, [100, 200, 500, 800]) == (100, 200, 500, 800)
+    # Pulsar ignores -1, 0, 1, 1000 and 1100; Ballast names the first bad one
+    with pytest.raises(BundleError, match="split position -1 is outside bundle"):
+        specified_positions_divide(bundle, [-1, 0, 1, 100, 200, 500, 800, 1000, 1100])
+
+
+def test_pulsar_flow_or_qps_every_part_stays_below_the_maximum() -> None:
+    ns = "test-namespace1"
+    traffic = []
+    for i in range(1, 13):
+        rate = 24.5 + 25 if i < 6 else 25.5 + 25
+        traffic += [TopicTraffic(f"/{ns}/test{i}-partition-{j}", rate, 2000.0) for j in range(20)]
+    traffic.append(TopicTraffic(f"/{ns}/test695-partition-0", 60.0, 2000.0))
+    whole = BundleRange(0, FULL_UPPER)
+    cuts = flow_or_qps_equally_divide(whole, traffic, 1010, 100 * 1024 * 1024, 0.10)
+    assert cuts
+    by_hash = sorted((topic_hash(t.topic), t.msg_rate) for t in traffic)
+    lower = 0
+    for cut in (*cuts, FULL_UPPER + 1):
+        part = sum(rate for h, rate in by_hash if lower <= h < cut)
+        assert part < 1010
+        lower = cut
+
+
+def test_pulsar_flow_or_qps_first_topic_over_the_maximum() -> None:
+    names = [f"/test-namespace1/test-partition-{i}" for i in range(5)]
+    ordered = sorted(names, key=topic_hash)
+    traffic = [TopicTraffic(ordered[0], 2000.0, 2000.0)]
+    traffic += [TopicTraffic(t, 49.5, 2000.0) for t in ordered[1:]]
+    cuts = flow_or_qps_equally_divide(
+        BundleRange(0, FULL_UPPER), traffic, 1010, 100 * 1024 * 1024, 0.10
+    )
+    h0, h1 = topic_hash(ordered[0]), topic_hash(ordered[1])
+    assert cuts[0] == h0 + (h1 - h0) // 2 + 1

@@ -11,7 +11,7 @@ from ballast.balance import MoveHistory, decide_rebalance
 from ballast.balance.bundles import NamespaceBundles
 from ballast.balance.estimate import apply_move
 from ballast.balance.rankings import score_brokers
-from ballast.balance.shedding import _rescored
+from ballast.balance.shedding import _rescored, auto_split
 from ballast.config import (
     ConfigError,
     PulsarConfig,
@@ -201,3 +201,26 @@ def test_a_broker_yet_to_report_does_not_drag_the_average_down() -> None:
     d = decide_rebalance(joined, MoveHistory(), NOW, rules("threshold"), Strategy.FAIR)
     assert d.rule == "no-shedding"
     assert "over 2 broker(s)" in d.reason
+
+
+def test_auto_split_splits_a_hot_bundle_and_unloads_its_topics() -> None:
+    topics = tuple(TopicLoad(f"/default/t{i:02d}", msg_rate=1000.0) for i in range(40))
+    snap = ClusterSnapshot(
+        ("a", "b"),
+        {"a": LoadReport("a", NOW, 50.0, 5.0, topics=topics)},
+        {},
+        {"a": tuple(t.topic for t in topics), "b": ()},
+        bundle_boundaries={"default": (0, 0x80000000, 0xFFFFFFFF)},
+    )
+    out = auto_split(snap, PulsarConfig())
+    hot = [s.name for s in out.plan.splits]
+    layout = NamespaceBundles("default", (0, 0x80000000, 0xFFFFFFFF))
+    groups = layout.group_topics([t.topic for t in topics])
+    expected = [layout.full_name(r) for r, ts in groups.items() if 1000 * len(ts) > 30_000]
+    assert hot == expected
+    assert len(out.layouts["default"]) == 2 + len(expected)
+    assert {t for t, _ in out.unload} == {
+        t for r, ts in groups.items() if 1000 * len(ts) > 30_000 for t in ts
+    }
+    quiet = auto_split(snap, PulsarConfig(auto_unload_split_bundles_enabled=False))
+    assert quiet.unload == () and quiet.layouts == out.layouts
