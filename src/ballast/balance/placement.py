@@ -44,9 +44,10 @@ def filter_brokers(
     domains and brokers already holding the most namespaces of its group."""
     allowed: list[BrokerId] = []
     rejected: dict[BrokerId, str] = {}
+    states = snapshot.states
     for broker in snapshot.brokers:
-        state = snapshot.state(broker)
-        if not state.is_active:
+        state = states.get(broker)
+        if state is not None and not state.is_active:
             rejected[broker] = f"[not-active] broker is {state.mode.value}"
         elif marker is not None and marker.from_broker == broker:
             rejected[broker] = f"[source] topic is leaving this broker ({marker.reason.value})"
@@ -143,8 +144,9 @@ def select_broker(
     candidates = tuple(sorted(b for b in allowed if scores[b] <= band))
     following = [b for b in candidates if last_chosen is not None and b > last_chosen]
     chosen = following[0] if following else candidates[0]
+    in_band = set(candidates)  # a set: this runs per placement over every broker
     for b in allowed:
-        if b not in candidates:
+        if b not in in_band:
             rejected[b] = f"[score] {scores[b]:.2f} is above the band {band:.2f}"
     reason = (
         f"[round-robin] {chosen} among {len(candidates)} broker(s) within 10% of the "
