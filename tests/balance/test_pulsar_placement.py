@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ballast.balance import select_broker
+from ballast.balance import plan_failover, select_broker
 from ballast.balance.bundles import NamespaceBundles
 from ballast.balance.domains import (
     DomainError,
@@ -243,3 +243,14 @@ def test_anti_affinity_keeps_someone_and_only_the_least_loaded(
     assert len(kept_counts) == 1
     if not domains:
         assert kept_counts == {min(counts.values())}
+
+
+def test_failover_keeps_anti_affinity_namespaces_apart() -> None:
+    snap = ClusterSnapshot(
+        ("a", "b", "c"),
+        assignments={"a": ("/ns1/t0", "/ns1/t1"), "b": ("/ns2/t0",), "c": ("/other/x", "/other/y")},
+        anti_affinity_groups={"ns1": "g", "ns2": "g"},
+    )
+    plan = plan_failover(snap, "a", Strategy.FAIR)
+    assert {p.broker for _, p in plan.placements} == {"c"}
+    assert plan.placements[0][1].rejected["b"].startswith("[anti-affinity] broker holds 1")

@@ -6,8 +6,9 @@ brokers), then, within them, the brokers holding the fewest. A broker "holds" a 
 when it owns any of its topics. Each rejection says why, with the counts.
 
 Differences from Pulsar: the domain step applies whenever some broker has a domain (Pulsar
-needs `failureDomainsEnabled`); a broker may be in one domain only, and a conflict is an
-error naming the broker and both domains, not a silent overwrite.
+needs `failureDomainsEnabled`); placement counts the group's other namespaces (see
+`group_counts`); a broker may be in one domain only, and a conflict is an error naming the
+broker and both domains, not a silent overwrite.
 """
 
 from __future__ import annotations
@@ -76,12 +77,20 @@ def namespaces_by_broker(snapshot: ClusterSnapshot) -> dict[BrokerId, set[str]]:
     return {b: {t.split("/", 2)[1] for t in topics} for b, topics in snapshot.assignments.items()}
 
 
-def group_counts(snapshot: ClusterSnapshot, namespace: str) -> dict[BrokerId, int] | None:
-    """Per broker, how many namespaces of `namespace`'s group it holds (None: no group)."""
+def group_counts(
+    snapshot: ClusterSnapshot, namespace: str, include_self: bool = True
+) -> dict[BrokerId, int] | None:
+    """Per broker, how many namespaces of `namespace`'s group it holds (None: no group).
+
+    Placement counts the *other* namespaces of the group (`include_self=False`), so that a
+    namespace's further topics or bundles join it rather than another namespace of its
+    group; Pulsar counts the namespace itself too (as the unload check here does)."""
     group = snapshot.anti_affinity_groups.get(namespace)
     if not group:
         return None
     members = {ns for ns, g in snapshot.anti_affinity_groups.items() if g == group}
+    if not include_self:
+        members.discard(namespace)
     counts: dict[BrokerId, int] = {}
     for b, nss in namespaces_by_broker(snapshot).items():
         n = len(nss & members)

@@ -55,7 +55,7 @@ def filter_brokers(
             allowed.append(broker)
     if topic is not None and snapshot.anti_affinity_groups:
         ns = TopicName.parse(topic).namespace
-        counts = group_counts(_without(snapshot, topic), ns)
+        counts = group_counts(snapshot, ns, include_self=False)
         if counts is not None:
             kept = filter_anti_affinity(
                 allowed, counts, snapshot.broker_domains, snapshot.anti_affinity_groups[ns]
@@ -63,18 +63,6 @@ def filter_brokers(
             rejected.update(kept.rejected)
             allowed = [b for b in allowed if b in kept.kept]
     return allowed, rejected
-
-
-def _without(snapshot: ClusterSnapshot, topic: str) -> ClusterSnapshot:
-    """The snapshot without `topic`'s own assignment (it must not count against itself)."""
-    if not any(topic in ts for ts in snapshot.assignments.values()):
-        return snapshot
-    assignments = {b: tuple(t for t in ts if t != topic) for b, ts in snapshot.assignments.items()}
-    return ClusterSnapshot(
-        snapshot.brokers,
-        assignments=assignments,
-        anti_affinity_groups=snapshot.anti_affinity_groups,
-    )
 
 
 def bundle_owner(snapshot: ClusterSnapshot, topic: str) -> tuple[str, BrokerId | None] | None:
