@@ -264,7 +264,7 @@ def threshold_shedder(
             verdicts.append(
                 BrokerVerdict(b, "shed" if chosen else "nothing-movable", f"{nums}; {note}")
             )
-    summary = f"{head}; {below} broker(s) below"
+    summary = f"{head}; {below} broker(s) below it"
     if not unloads and cfg.lower_boundary_shedding_enabled:
         lb_unloads, lb_verdict = _lower_boundary(inp, cfg, usage, avg, threshold, per_broker)
         unloads += lb_unloads
