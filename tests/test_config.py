@@ -59,8 +59,9 @@ def test_explicit_values_override_the_preset(tmp_path: Path) -> None:
         ),
         (
             {"load_manager": {"assignment_strategy": "random"}},
-            "load_manager.assignment_strategy: Input should be 'fair', 'balanced' or "
-            "'weighted_load'",
+            "load_manager.assignment_strategy: Input should be 'fair', 'balanced', "
+            "'weighted_load', 'least_long_term_message_rate' or "
+            "'least_resource_usage_with_weight' (got 'random')",
         ),
         (
             {"load_manager": {"rebalancing": {"max_moves_per_hour": "5"}}},

@@ -22,6 +22,9 @@ class Strategy(StrEnum):
     FAIR = "fair"
     BALANCED = "balanced"
     WEIGHTED_LOAD = "weighted_load"
+    # Pulsar's placement strategies (balance/pulsar_strategies.py).
+    LEAST_LONG_TERM_MESSAGE_RATE = "least_long_term_message_rate"
+    LEAST_RESOURCE_USAGE_WITH_WEIGHT = "least_resource_usage_with_weight"
 
 
 class Aggressiveness(StrEnum):
@@ -50,9 +53,41 @@ PRESETS: dict[Aggressiveness, dict[str, float | int]] = {
 }
 
 
+# --- Pulsar's load balancing (issue 12): enums -------------------------------------------
+
+
+class RebalancingPolicy(StrEnum):
+    """Who decides what moves: Danube's CV rule or one of Pulsar's shedders."""
+
+    DANUBE = "danube"
+    THRESHOLD = "threshold"
+    OVERLOAD = "overload"
+    UNIFORM = "uniform"
+
+
+class PlacementUnit(StrEnum):
+    """What the leader places and moves: single topics (Danube) or namespace bundles."""
+
+    TOPIC = "topic"
+    BUNDLE = "bundle"
+
+
+class SplitAlgorithm(StrEnum):
+    """Pulsar's namespace-bundle split algorithms."""
+
+    RANGE_EQUALLY_DIVIDE = "range_equally_divide"
+    TOPIC_COUNT_EQUALLY_DIVIDE = "topic_count_equally_divide"
+    SPECIFIED_POSITIONS_DIVIDE = "specified_positions_divide"  # admin only
+    FLOW_OR_QPS_EQUALLY_DIVIDE = "flow_or_qps_equally_divide"
+
+
 # Enums arrive as strings from YAML: let those (only those) be coerced.
 StrategyField = Annotated[Strategy, Strict(False)]
 AggressivenessField = Annotated[Aggressiveness, Strict(False)]
+PolicyField = Annotated[RebalancingPolicy, Strict(False)]
+PlacementUnitField = Annotated[PlacementUnit, Strict(False)]
+SplitAlgorithmField = Annotated[SplitAlgorithm, Strict(False)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
 
 
 class _Strict(BaseModel):
@@ -73,6 +108,9 @@ class RebalancingConfig(_Strict):
     blacklist_topics: tuple[str, ...] = ()
     # Ballast addition: an episode, once started, goes on until CV falls below this.
     target_cv: float = Field(0.10, ge=0, le=10)
+    # Pulsar (issue 12): `danube` (the CV rule above) or one of Pulsar's shedders, whose
+    # settings are `load_manager.pulsar`.
+    policy: PolicyField = RebalancingPolicy.DANUBE
 
     @model_validator(mode="before")
     @classmethod
@@ -96,12 +134,72 @@ class RebalancingConfig(_Strict):
         return self
 
 
+class PulsarConfig(_Strict):
+    """`load_manager.pulsar`: Pulsar's `loadBalancer*` settings, with the defaults of the
+    Pulsar 4.0 documentation (names in snake_case, percentages as Pulsar writes them)."""
+
+    # Namespace bundles and splitting.
+    default_number_of_namespace_bundles: int = Field(4, ge=1, le=1 << 16)
+    auto_bundle_split_enabled: bool = True
+    auto_unload_split_bundles_enabled: bool = True
+    default_namespace_bundle_split_algorithm: SplitAlgorithmField = (
+        SplitAlgorithm.RANGE_EQUALLY_DIVIDE
+    )
+    namespace_bundle_max_topics: int = Field(1000, ge=1)
+    namespace_bundle_max_sessions: int = Field(1000, ge=0)  # 0 disables the session rule
+    namespace_bundle_max_msg_rate: float = Field(30_000, gt=0)
+    namespace_bundle_max_bandwidth_mbytes: float = Field(100, gt=0)
+    namespace_maximum_bundles: int = Field(128, ge=1, le=1 << 16)
+    flow_or_qps_difference_threshold_percentage: float = Field(10, ge=0)
+    # Shedding.
+    shedding_enabled: bool = True
+    shedding_grace_period_minutes: float = Field(30, ge=0)
+    broker_threshold_shedder_percentage: float = Field(10, ge=0, le=100)
+    broker_overloaded_threshold_percentage: float = Field(85, gt=0, le=100)
+    bundle_unload_min_throughput_threshold: float = Field(10, ge=0)  # MB/s
+    lower_boundary_shedding_enabled: bool = False
+    history_resource_percentage: Fraction = 0.9
+    msg_rate_difference_shedder_threshold: float = Field(50, ge=0)  # %, 0 disables
+    msg_throughput_multiplier_difference_shedder_threshold: float = Field(4, ge=0)  # ×, 0 off
+    max_unload_percentage: Fraction = 0.2
+    min_unload_message: float = Field(1000, ge=0)  # msg/s
+    min_unload_message_throughput: float = Field(1024 * 1024, ge=0)  # bytes/s
+    max_unload_bundle_num_per_shedding: int = Field(-1, ge=-1)  # -1: no limit
+    # Resource weights (ThresholdShedder and LeastResourceUsageWithWeight).
+    cpu_resource_weight: Fraction = 1.0
+    memory_resource_weight: Fraction = 1.0
+    direct_memory_resource_weight: Fraction = 1.0
+    bandwith_in_resource_weight: Fraction = 1.0
+    bandwith_out_resource_weight: Fraction = 1.0
+    # Placement (LeastResourceUsageWithWeight).
+    average_resource_usage_difference_threshold_percentage: float = Field(10, ge=0, le=100)
+    # Ballast reports one network rate per broker; its capacity for bandwidth usage
+    # (Pulsar reads the NIC speed, or `loadBalancerOverrideBrokerNicSpeedGbps`).
+    nic_speed_gbps: float = Field(1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _auto_split_algorithm(self) -> PulsarConfig:
+        if (
+            self.default_namespace_bundle_split_algorithm
+            is SplitAlgorithm.SPECIFIED_POSITIONS_DIVIDE
+        ):
+            raise ValueError(
+                "default_namespace_bundle_split_algorithm: 'specified_positions_divide' is "
+                "admin-only (it needs positions); use range_equally_divide, "
+                "topic_count_equally_divide or flow_or_qps_equally_divide"
+            )
+        return self
+
+
 class LoadManagerConfig(_Strict):
     """`load_manager`: the section of Danube's `danube_broker.yml`, same defaults."""
 
     load_report_interval_seconds: float = Field(30, gt=0)
     assignment_strategy: StrategyField = Strategy.BALANCED
     rebalancing: RebalancingConfig = RebalancingConfig()
+    # Pulsar (issue 12): place and move single topics (Danube) or whole namespace bundles.
+    placement_unit: PlacementUnitField = PlacementUnit.TOPIC
+    pulsar: PulsarConfig = PulsarConfig()
 
 
 class BrokerConfig(_Strict):

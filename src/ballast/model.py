@@ -420,6 +420,10 @@ class ClusterSnapshot:
     `assignments` maps each broker to the topics it owns; `reports` holds the latest load
     report per broker (a broker may have none yet); `states` defaults to active;
     `topic_created` gives each topic's creation time for the minimum-age rule.
+
+    Pulsar's inputs (issue 12), all optional: `bundle_boundaries` maps a namespace to its
+    bundle boundaries (present: the namespace is placed by bundle); `broker_domains` maps a
+    broker to its failure domain; `anti_affinity_groups` maps a namespace to its group.
     """
 
     brokers: tuple[BrokerId, ...]
@@ -427,6 +431,9 @@ class ClusterSnapshot:
     states: Mapping[BrokerId, BrokerState] = field(default_factory=dict)
     assignments: Mapping[BrokerId, tuple[str, ...]] = field(default_factory=dict)
     topic_created: Mapping[str, float] = field(default_factory=dict)
+    bundle_boundaries: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    broker_domains: Mapping[BrokerId, str] = field(default_factory=dict)
+    anti_affinity_groups: Mapping[str, str] = field(default_factory=dict)
 
     def state(self, broker: BrokerId) -> BrokerState:
         return self.states.get(broker, ACTIVE)

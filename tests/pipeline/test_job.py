@@ -66,7 +66,10 @@ def test_outputs_have_the_stated_schemas(
         assert list(pd.read_parquet(tmp_path / name).columns) == [f.name for f in schema.fields]
     comparison = pd.read_parquet(tmp_path / "strategy_comparison")
     assert sorted(comparison["strategy"].unique()) == sorted(s.value for s in Strategy)
-    assert len(comparison) == 3 * 24
+    assert len(comparison) == len(Strategy) * 24
+    policies = json.loads((tmp_path / "policy_comparison.json").read_text())
+    assert [p["policy"] for p in policies] == ["danube", "threshold", "overload", "uniform"]
+    assert all(p["windows"] == 24 for p in policies)
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["strategy"] == "balanced"
     assert plan["departed_brokers"][0]["broker_id"] == "broker-2"

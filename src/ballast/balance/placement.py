@@ -8,10 +8,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ballast.balance.bundles import NamespaceBundles
+from ballast.balance.domains import filter_anti_affinity, group_counts
 from ballast.balance.estimate import add_topic, remove_broker, topic_weight
+from ballast.balance.pulsar_strategies import PULSAR_STRATEGIES, select_pulsar
 from ballast.balance.rankings import score_brokers
-from ballast.config import Strategy
-from ballast.model import BrokerId, ClusterSnapshot, MarkerReason, UnassignedMarker
+from ballast.config import PulsarConfig, Strategy
+from ballast.model import BrokerId, ClusterSnapshot, MarkerReason, TopicName, UnassignedMarker
 
 ROUND_ROBIN_BAND = 0.10  # brokers within 10 % of the minimum score share new topics
 
@@ -33,20 +36,50 @@ class Placement:
 
 
 def filter_brokers(
-    snapshot: ClusterSnapshot, marker: UnassignedMarker | None
+    snapshot: ClusterSnapshot, marker: UnassignedMarker | None, topic: str | None = None
 ) -> tuple[list[BrokerId], dict[BrokerId, str]]:
-    """Brokers that may take a topic, and the reason each other broker may not."""
+    """Brokers that may take a topic, and the reason each other broker may not.
+
+    With `topic` given, a namespace in an anti-affinity group is kept away from the failure
+    domains and brokers already holding the most namespaces of its group."""
     allowed: list[BrokerId] = []
     rejected: dict[BrokerId, str] = {}
+    states = snapshot.states
     for broker in snapshot.brokers:
-        state = snapshot.state(broker)
-        if not state.is_active:
+        state = states.get(broker)
+        if state is not None and not state.is_active:
             rejected[broker] = f"[not-active] broker is {state.mode.value}"
         elif marker is not None and marker.from_broker == broker:
             rejected[broker] = f"[source] topic is leaving this broker ({marker.reason.value})"
         else:
             allowed.append(broker)
+    if topic is not None and snapshot.anti_affinity_groups:
+        ns = TopicName.parse(topic).namespace
+        counts = group_counts(snapshot, ns, include_self=False)
+        if counts is not None:
+            kept = filter_anti_affinity(
+                allowed, counts, snapshot.broker_domains, snapshot.anti_affinity_groups[ns]
+            )
+            rejected.update(kept.rejected)
+            allowed = [b for b in allowed if b in kept.kept]
     return allowed, rejected
+
+
+def bundle_owner(snapshot: ClusterSnapshot, topic: str) -> tuple[str, BrokerId | None] | None:
+    """For a namespace placed by bundle: the topic's bundle name and the broker owning
+    another topic of that bundle (None when nobody does). None: placed by topic."""
+    ns = TopicName.parse(topic).namespace
+    bounds = snapshot.bundle_boundaries.get(ns)
+    if bounds is None:
+        return None
+    layout = NamespaceBundles(ns, tuple(bounds))
+    bundle = layout.bundle_for_topic(topic)
+    prefix = f"/{ns}/"
+    for broker in sorted(snapshot.assignments):
+        for t in snapshot.assignments[broker]:
+            if t != topic and t.startswith(prefix) and layout.bundle_for_topic(t) == bundle:
+                return layout.full_name(bundle), broker
+    return layout.full_name(bundle), None
 
 
 def select_broker(
@@ -55,14 +88,18 @@ def select_broker(
     marker: UnassignedMarker | None = None,
     last_chosen: BrokerId | None = None,
     scores: Mapping[BrokerId, float] | None = None,
+    topic: str | None = None,
+    pulsar: PulsarConfig | None = None,
 ) -> Placement:
     """Pick the broker for one topic.
 
-    The `to_broker` hint wins when that broker passes the filters; otherwise round-robin,
-    continuing after `last_chosen`, among brokers within 10 % of the minimum score.
+    The `to_broker` hint wins when that broker passes the filters; then, for a namespace
+    placed by bundle, the broker already owning the topic's bundle; otherwise round-robin,
+    continuing after `last_chosen`, among brokers within 10 % of the minimum score (Pulsar's
+    strategies choose by their own rule instead).
     """
-    allowed, rejected = filter_brokers(snapshot, marker)
-    scores = dict(scores) if scores is not None else score_brokers(snapshot, strategy)
+    allowed, rejected = filter_brokers(snapshot, marker, topic)
+    scores = dict(scores) if scores is not None else score_brokers(snapshot, strategy, pulsar)
     if not allowed:
         return Placement(None, "[no-broker] no active broker can take the topic", (), rejected)
     if marker is not None and marker.to_broker is not None:
@@ -76,13 +113,28 @@ def select_broker(
             )
         why = rejected.get(marker.to_broker, "[unknown] broker is not registered")
         rejected = {**rejected, marker.to_broker: why}
+    owned = bundle_owner(snapshot, topic) if topic is not None else None
+    if owned is not None and owned[1] is not None:
+        name, owner = owned
+        if owner in allowed:
+            return Placement(owner, f"[bundle] {name} is owned by {owner}", (), rejected, scores)
+    if strategy in PULSAR_STRATEGIES:
+        choice = select_pulsar(snapshot, strategy, allowed, pulsar)
+        return Placement(
+            choice.broker,
+            choice.reason,
+            (choice.broker,) if choice.broker else (),
+            {**rejected, **choice.rejected},
+            scores,
+        )
     lowest = min(scores[b] for b in allowed)
     band = lowest + ROUND_ROBIN_BAND * abs(lowest)
     candidates = tuple(sorted(b for b in allowed if scores[b] <= band))
     following = [b for b in candidates if last_chosen is not None and b > last_chosen]
     chosen = following[0] if following else candidates[0]
+    in_band = set(candidates)  # a set: this runs per placement over every broker
     for b in allowed:
-        if b not in candidates:
+        if b not in in_band:
             rejected[b] = f"[score] {scores[b]:.2f} is above the band {band:.2f}"
     reason = (
         f"[round-robin] {chosen} among {len(candidates)} broker(s) within 10% of the "
@@ -105,11 +157,14 @@ def place_topics(
     strategy: Strategy,
     topics: Sequence[tuple[str, UnassignedMarker | None]],
     last_chosen: BrokerId | None = None,
+    pulsar: PulsarConfig | None = None,
 ) -> PlacementPlan:
     """Place a burst of new topics; each placement adds a zero-load placeholder."""
     placements = []
     for topic, marker in topics:
-        placement = select_broker(snapshot, strategy, marker, last_chosen)
+        placement = select_broker(
+            snapshot, strategy, marker, last_chosen, topic=topic, pulsar=pulsar
+        )
         placements.append((topic, placement))
         if placement.broker is not None:
             snapshot = add_topic(snapshot, topic, placement.broker)
@@ -123,6 +178,7 @@ def plan_failover(
     strategy: Strategy,
     last_chosen: BrokerId | None = None,
     now: float = 0.0,
+    pulsar: PulsarConfig | None = None,
 ) -> PlacementPlan:
     """Spread a dead broker's topics over the survivors.
 
@@ -134,7 +190,9 @@ def plan_failover(
     marker = UnassignedMarker(MarkerReason.FAILOVER, from_broker=dead, timestamp=now)
     placements = []
     for topic, load, resources in orphans:
-        placement = select_broker(survivors, strategy, marker, last_chosen)
+        placement = select_broker(
+            survivors, strategy, marker, last_chosen, topic=topic, pulsar=pulsar
+        )
         placements.append((topic, placement))
         if placement.broker is not None:
             survivors = add_topic(survivors, topic, placement.broker, load, resources)

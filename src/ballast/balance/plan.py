@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from ballast.balance.estimate import apply_move
 from ballast.balance.history import MoveHistory
 from ballast.balance.imbalance import Imbalance, measure
 from ballast.balance.rebalance import active_scores, find_move
-from ballast.config import RebalancingConfig, Strategy
+from ballast.balance.shedding import shed
+from ballast.config import PulsarConfig, RebalancingConfig, RebalancingPolicy, Strategy
 from ballast.model import ClusterSnapshot, Move
 
 
@@ -26,6 +28,7 @@ class RebalancePlan:
     reason: str
     strategy: Strategy
     target_cv: float
+    details: tuple[str, ...] = ()  # a shedder's per-broker explanations (Pulsar policies)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -33,6 +36,7 @@ class RebalancePlan:
             "strategy": self.strategy.value,
             "target_cv": self.target_cv,
             "reason": self.reason,
+            "details": list(self.details),
             "before": self.before.to_dict(),
             "after": self.after.to_dict(),
             "moves": [m.to_dict() for m in self.moves],
@@ -49,10 +53,17 @@ def plan_rebalance(
     now: float,
     max_moves: int | None = None,
     history: MoveHistory | None = None,
+    *,
+    pulsar: PulsarConfig | None = None,
 ) -> RebalancePlan:
-    """Greedy plan: each step takes the move with the largest imbalance reduction."""
+    """Greedy plan: each step takes the move with the largest imbalance reduction.
+
+    Under one of Pulsar's shedders (`config.policy`), the plan is the shedder's decision
+    now: its moves (up to `max_moves`) and, in `details`, why each broker sheds or not."""
     history = history or MoveHistory()
     before = measure(active_scores(snapshot, strategy))
+    if config.policy is not RebalancingPolicy.DANUBE:
+        return _shedding_plan(snapshot, config, strategy, now, max_moves, history, pulsar, before)
     limit = (
         max_moves if max_moves is not None else sum(len(t) for t in snapshot.assignments.values())
     )
@@ -76,3 +87,34 @@ def plan_rebalance(
         snapshot = found.after
         stats = measure(active_scores(snapshot, strategy))
     return RebalancePlan(tuple(moves), before, stats, reason, strategy, config.target_cv)
+
+
+def _shedding_plan(
+    snapshot: ClusterSnapshot,
+    config: RebalancingConfig,
+    strategy: Strategy,
+    now: float,
+    max_moves: int | None,
+    history: MoveHistory,
+    pulsar: PulsarConfig | None,
+    before: Imbalance,
+) -> RebalancePlan:
+    out = shed(snapshot, history, now, config, strategy, pulsar)
+    moves = out.moves if max_moves is None else out.moves[:max_moves]
+    after = snapshot
+    for m in moves:
+        after = apply_move(after, m.topic, m.from_broker, m.to_broker)
+    res = out.result
+    reason = f"[{res.shedder.value}] {res.summary}"
+    if max_moves is not None and len(out.moves) > max_moves:
+        reason += f"; limited to {max_moves} of {len(out.moves)} move(s)"
+    details = tuple(v.line() for v in res.verdicts) + out.notes
+    return RebalancePlan(
+        tuple(moves),
+        before,
+        measure(active_scores(after, strategy)),
+        reason,
+        strategy,
+        config.target_cv,
+        details,
+    )

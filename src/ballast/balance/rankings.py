@@ -6,13 +6,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ballast.balance.pulsar_strategies import pulsar_scores
 from ballast.balance.scoring import (
     balanced_score,
     fair_score,
     topic_load_score,
     weighted_load_score,
 )
-from ballast.config import Strategy
+from ballast.config import PulsarConfig, Strategy
 from ballast.model import BrokerId, ClusterSnapshot
 
 
@@ -87,8 +88,15 @@ def scores_from_metrics(m: BrokerMetrics, strategy: Strategy) -> np.ndarray:
     )
 
 
-def score_brokers(snapshot: ClusterSnapshot, strategy: Strategy) -> dict[BrokerId, float]:
-    """Every broker's score under `strategy`."""
+def score_brokers(
+    snapshot: ClusterSnapshot, strategy: Strategy, pulsar: PulsarConfig | None = None
+) -> dict[BrokerId, float]:
+    """Every broker's score under `strategy` (`pulsar`: settings of Pulsar's strategies)."""
+    if strategy in (
+        Strategy.LEAST_LONG_TERM_MESSAGE_RATE,
+        Strategy.LEAST_RESOURCE_USAGE_WITH_WEIGHT,
+    ):
+        return pulsar_scores(snapshot, strategy, pulsar)
     m = broker_metrics(snapshot)
     return dict(zip(m.brokers, scores_from_metrics(m, strategy).tolist(), strict=True))
 

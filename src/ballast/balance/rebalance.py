@@ -7,7 +7,7 @@ cooldown, then the search for a move that strictly reduces imbalance.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -16,7 +16,8 @@ from ballast.balance.estimate import apply_move, broker_topic_load
 from ballast.balance.history import MoveHistory
 from ballast.balance.imbalance import Imbalance, measure, sum_squared_deviations
 from ballast.balance.rankings import score_brokers
-from ballast.config import RebalancingConfig, Strategy
+from ballast.balance.shedding import shed
+from ballast.config import PulsarConfig, RebalancingConfig, RebalancingPolicy, Strategy
 from ballast.model import BrokerId, ClusterSnapshot, Move
 
 LINEAR = (Strategy.FAIR, Strategy.BALANCED)
@@ -33,10 +34,20 @@ class Decision:
     move: Move | None = None
     episode: bool = False
     after: ClusterSnapshot | None = None  # the estimated snapshot once `move` is done
+    # Pulsar's shedders (issue 12): every move of this decision (a bundle moves as all its
+    # topics; `move` is the first), per-broker explanations, and the shedder's smoothed
+    # usage to pass back on the next call (like `episode`).
+    moves: tuple[Move, ...] = ()
+    details: tuple[str, ...] = ()
+    shedder_state: Mapping[BrokerId, float] | None = None
 
     @property
     def explanation(self) -> str:
         return f"[{self.rule}] {self.reason}"
+
+    def explain(self) -> str:
+        """The explanation and, one per line, the per-broker details."""
+        return "\n".join([self.explanation, *(f"  {d}" for d in self.details)])
 
 
 def active_scores(snapshot: ClusterSnapshot, strategy: Strategy) -> dict[BrokerId, float]:
@@ -144,8 +155,14 @@ def decide_rebalance(
     config: RebalancingConfig,
     strategy: Strategy,
     episode: bool = False,
+    *,
+    pulsar: PulsarConfig | None = None,
+    shedder_state: Mapping[BrokerId, float] | None = None,
 ) -> Decision:
-    """Decide this cycle's move (at most one). Pass back the previous decision's `episode`."""
+    """Decide this cycle's move (at most one). Pass back the previous decision's `episode`.
+
+    With `config.policy` one of Pulsar's shedders, the shedder decides instead (settings:
+    `pulsar`, Pulsar's defaults when None; pass back the decision's `shedder_state`)."""
     scores = active_scores(snapshot, strategy)
     stats = measure(scores)
     if not config.enabled:
@@ -155,6 +172,10 @@ def decide_rebalance(
             "too-few-brokers",
             f"{len(scores)} active broker(s), need {config.min_brokers_for_rebalance}",
             stats,
+        )
+    if config.policy is not RebalancingPolicy.DANUBE:
+        return _decide_shedding(
+            snapshot, history, now, config, strategy, stats, pulsar, shedder_state
         )
     if episode and stats.cv < config.target_cv:
         return Decision(
@@ -187,6 +208,49 @@ def decide_rebalance(
         return Decision("no-useful-move", f"CV {stats.cv:.1%}; {found.reason}", stats)
     return Decision(
         "move", f"CV {stats.cv:.1%}; {found.reason}", stats, found.move, True, found.after
+    )
+
+
+def _decide_shedding(
+    snapshot: ClusterSnapshot,
+    history: MoveHistory,
+    now: float,
+    config: RebalancingConfig,
+    strategy: Strategy,
+    stats: Imbalance,
+    pulsar: PulsarConfig | None,
+    state: Mapping[BrokerId, float] | None,
+) -> Decision:
+    cfg = pulsar or PulsarConfig()
+    if not cfg.shedding_enabled:
+        return Decision("disabled", "shedding is disabled (pulsar.shedding_enabled: false)", stats)
+    out = shed(snapshot, history, now, config, strategy, cfg, state)
+    res = out.result
+    details = tuple(v.line() for v in res.verdicts) + out.notes
+    usage = dict(res.usage) or None
+    if not out.moves:
+        return Decision(
+            "no-shedding",
+            f"[{res.shedder.value}] {res.summary}",
+            stats,
+            details=details,
+            shedder_state=usage,
+        )
+    units = len({(m.from_broker, m.to_broker) for m in out.moves})
+    reason = (
+        f"[{res.shedder.value}] {res.summary}; unload {len(res.unloads)} unit(s) "
+        f"({len(out.moves)} topic move(s), {units} broker pair(s))"
+    )
+    return Decision(
+        "move",
+        reason,
+        stats,
+        out.moves[0],
+        False,
+        out.after_first,
+        moves=out.moves,
+        details=details,
+        shedder_state=usage,
     )
 
 

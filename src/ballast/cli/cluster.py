@@ -298,6 +298,8 @@ def cluster_rebalance(
         f"{'plan (dry run)' if dry_run else 'rebalance'}: {len(p.moves)} move(s), "
         f"CV {p.before.cv:.1%} → {p.after.cv:.1%} ({escape(p.reason)})"
     )
+    for line in p.details:  # a Pulsar shedder's per-broker reasons
+        console.print(f"  {escape(line)}")
     table = Table("topic", "from", "to", "est. load", "outcome")
     for i, m in enumerate(p.moves):
         outcome = result.outcomes[i].reason if i < len(result.outcomes) else "planned"

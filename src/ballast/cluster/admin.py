@@ -255,7 +255,13 @@ class AdminClient:
             MarkerReason.UNLOAD, from_broker=info.owner, ready=True
         )
         snapshot = view.snapshot(exclude={name})
-        placement = select_broker(snapshot, self.strategy(view), marker)
+        placement = select_broker(
+            snapshot,
+            self.strategy(view),
+            marker,
+            topic=name,
+            pulsar=self.config.load_manager.pulsar,
+        )
         meta = view.topics.get(name)
         return TopicDetail(info, meta.to_dict() if meta is not None else {}, placement)
 
@@ -376,13 +382,17 @@ class AdminClient:
         """A rebalance plan for the cluster as it is now (nothing is written)."""
         view = await self.view()
         history = MoveHistory.of(view.moves.values())
+        from ballast.cluster.namespaces import NamespaceAdmin  # Pulsar's inputs (issue 12)
+
+        snapshot = await NamespaceAdmin(self).enrich(view, view.snapshot())
         plan = plan_rebalance(
-            view.snapshot(),
+            snapshot,
             self.config.load_manager.rebalancing,
             self.strategy(view),
             self.clock.now(),
             max_moves,
             history,
+            pulsar=self.config.load_manager.pulsar,
         )
         return plan, view
 

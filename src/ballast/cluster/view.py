@@ -33,6 +33,7 @@ from ballast.model import (
     ModelError,
     Move,
     UnassignedMarker,
+    validate_broker_id,
 )
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,9 @@ class ClusterView:
         self.topics: dict[str, TopicMeta] = {}
         self.leader: dict[str, Any] | None = None
         self.load_balance: dict[str, Any] | None = None
+        # Pulsar (issue 12): failure domains created by admin, namespace anti-affinity groups.
+        self.failure_domains: dict[str, tuple[BrokerId, ...]] = {}
+        self.anti_affinity_groups: dict[str, str] = {}
         self._revisions: dict[str, int] = {}
 
     # -- building ------------------------------------------------------------------------
@@ -236,6 +240,43 @@ class ClusterView:
                 self.topics.pop(topic, None)
             else:
                 self.topics[topic] = TopicMeta.from_dict(value)
+        elif record is RecordKind.OTHER:
+            self._apply_pulsar(key, deleted, value)
+
+    def _apply_pulsar(self, key: str, deleted: bool, value: Any) -> None:
+        """Failure domains and anti-affinity groups (Pulsar); other keys are ignored."""
+        try:
+            if key.startswith(keys.FAILURE_DOMAINS_PREFIX):
+                name = keys.parse_failure_domain_key(key)
+                if deleted:
+                    self.failure_domains.pop(name, None)
+                    return
+                brokers = _object(value, "failure_domain").get("brokers")
+                if not isinstance(brokers, list):
+                    raise ModelError(f"failure_domain.brokers: expected a list, got {brokers!r}")
+                self.failure_domains[name] = tuple(
+                    validate_broker_id(b, "failure_domain.brokers") for b in brokers
+                )
+            elif key.startswith(keys.ANTI_AFFINITY_PREFIX):
+                ns = keys.parse_anti_affinity_key(key)
+                group = None if deleted else _object(value, "anti_affinity").get("group")
+                if group is None:
+                    self.anti_affinity_groups.pop(ns, None)
+                elif not isinstance(group, str) or not group:
+                    raise ModelError(f"anti_affinity.group: expected a name, got {group!r}")
+                else:
+                    self.anti_affinity_groups[ns] = group
+        except ValueError as exc:
+            if isinstance(exc, ModelError):
+                raise
+            raise ModelError(str(exc)) from None
+
+    def broker_domains(self) -> dict[BrokerId, str]:
+        """Each broker's failure domain: from admin, else its registration's `domain`."""
+        out = {b: r.domain for b, r in self.registrations.items() if r.domain}
+        for name, brokers in sorted(self.failure_domains.items()):
+            out.update(dict.fromkeys(brokers, name))
+        return out
 
     def _unassign(self, broker: BrokerId, topic: str) -> None:
         owners = self.owners.get(topic)
@@ -307,6 +348,8 @@ class ClusterView:
             states={b: s for b, s in self.states.items() if b in registered},
             assignments={b: tuple(sorted(ts)) for b, ts in assignments.items()},
             topic_created=created,
+            broker_domains={b: d for b, d in self.broker_domains().items() if b in registered},
+            anti_affinity_groups=dict(self.anti_affinity_groups),
         )
 
 

@@ -20,6 +20,9 @@ a foreign key instead of crashing.
 | `subscription_cursor(t, s)` | ``/topics/{ns}/{topic}/subscriptions/{s}/cursor`` |
 | `storage_object(t, start)` | ``/storage/topics/{ns}/{topic}/objects/{start:020}`` |
 | `storage_state(t)` | ``/storage/topics/{ns}/{topic}/state`` |
+| `namespace_bundles(ns)` | ``/cluster/bundles/{ns}`` (Pulsar's bundle boundaries) |
+| `anti_affinity_group(ns)` | ``/cluster/anti_affinity/{ns}`` (`{group}`) |
+| `failure_domain(d)` | ``/cluster/failure_domains/{d}`` (`{brokers: [...]}`) |
 """
 
 from __future__ import annotations
@@ -30,8 +33,11 @@ import re
 from ballast.model import ModelError, TopicName, validate_broker_id
 
 __all__ = [
+    "ANTI_AFFINITY_PREFIX",
     "BROKERS_PREFIX",
+    "BUNDLES_PREFIX",
     "CLUSTER_PREFIX",
+    "FAILURE_DOMAINS_PREFIX",
     "HISTORY_PREFIX",
     "LEADER",
     "LOAD_BALANCE",
@@ -42,13 +48,19 @@ __all__ = [
     "UNASSIGNED_PREFIX",
     "KeyLayoutError",
     "TopicLike",
+    "anti_affinity_group",
     "broker_assignment",
     "broker_assignments_prefix",
     "broker_prefix",
     "broker_state",
+    "failure_domain",
     "load",
+    "namespace_bundles",
+    "parse_anti_affinity_key",
     "parse_assignment_key",
     "parse_broker_state_key",
+    "parse_bundles_key",
+    "parse_failure_domain_key",
     "parse_history_key",
     "parse_load_key",
     "parse_register_key",
@@ -80,6 +92,10 @@ LOAD_BALANCE = "/cluster/load_balance"
 HISTORY_PREFIX = "/cluster/rebalancing_history/"
 TOPICS_PREFIX = "/topics/"
 STORAGE_PREFIX = "/storage/topics/"
+# Pulsar's load balancing (issue 12).
+BUNDLES_PREFIX = "/cluster/bundles/"
+ANTI_AFFINITY_PREFIX = "/cluster/anti_affinity/"
+FAILURE_DOMAINS_PREFIX = "/cluster/failure_domains/"
 
 # Widths chosen so that lexicographic key order equals numeric order: 15 digits of
 # milliseconds reach year 33658; 20 digits hold any unsigned 64-bit offset.
@@ -326,3 +342,54 @@ def parse_storage_object_key(key: str) -> tuple[TopicName, int]:
 def storage_state(topic: TopicLike) -> str:
     """Sealed-state key of a reliable topic."""
     return f"{storage_topic_prefix(topic)}state"
+
+
+# -- Pulsar's namespace bundles, anti-affinity groups, failure domains ----------------------
+
+
+def _namespace(namespace: str) -> str:
+    if not isinstance(namespace, str) or not _SUBSCRIPTION_RE.match(namespace):
+        raise ValueError(
+            f"invalid namespace {namespace!r}: must be 1-128 characters of letters, digits, "
+            "'_', '.', '-' and start with a letter or digit"
+        )
+    return namespace
+
+
+def _domain(domain: str) -> str:
+    if not isinstance(domain, str) or not _SUBSCRIPTION_RE.match(domain):
+        raise ValueError(
+            f"invalid failure-domain name {domain!r}: must be 1-128 characters of letters, "
+            "digits, '_', '.', '-' and start with a letter or digit"
+        )
+    return domain
+
+
+def namespace_bundles(namespace: str) -> str:
+    """Bundle boundaries of a namespace."""
+    return f"{BUNDLES_PREFIX}{_namespace(namespace)}"
+
+
+def parse_bundles_key(key: str) -> str:
+    (namespace,) = _segments(key, BUNDLES_PREFIX, 1, "a namespace-bundles")
+    return namespace
+
+
+def anti_affinity_group(namespace: str) -> str:
+    """Anti-affinity group of a namespace."""
+    return f"{ANTI_AFFINITY_PREFIX}{_namespace(namespace)}"
+
+
+def parse_anti_affinity_key(key: str) -> str:
+    (namespace,) = _segments(key, ANTI_AFFINITY_PREFIX, 1, "an anti-affinity")
+    return namespace
+
+
+def failure_domain(domain: str) -> str:
+    """A failure domain and its brokers."""
+    return f"{FAILURE_DOMAINS_PREFIX}{_domain(domain)}"
+
+
+def parse_failure_domain_key(key: str) -> str:
+    (domain,) = _segments(key, FAILURE_DOMAINS_PREFIX, 1, "a failure-domain")
+    return domain

@@ -37,7 +37,7 @@ from pyspark.sql import types as T
 from ballast.balance.plan import plan_rebalance
 from ballast.balance.rankings import score_brokers
 from ballast.config import BallastConfig, Strategy
-from ballast.pipeline import ingest, report, snapshot, storage, transforms
+from ballast.pipeline import ingest, report, shedding, snapshot, storage, transforms
 from ballast.pipeline.history import HISTORY_GLOB
 from ballast.pipeline.schemas import (
     BROKER_WINDOWS_SCHEMA,
@@ -345,6 +345,13 @@ def run_analysis(
             topic_count = written_topics.select("topic").distinct().count()
             top_topics = _top_topics(written_topics)
 
+        with stage("policies"):  # Danube's policy and Pulsar's shedders side by side
+            policies = shedding.compare_policies(
+                brokers_pdf, written_topics.toPandas(), options.config.load_manager, strategy
+            )
+            with open(os.path.join(out, "policy_comparison.json"), "w", encoding="utf-8") as fh:
+                json.dump(policies, fh, indent=2)
+
         with stage("plan"):
             latest = [
                 r.asDict() for r in snapshot.latest_report_rows(broker_rows, topic_rows).collect()
@@ -362,7 +369,14 @@ def run_analysis(
             )
             built = snapshot.build_snapshot(parts, stale_after)
             core_started = time.perf_counter()
-            plan = plan_rebalance(built.snapshot, rules, strategy, built.now, options.max_moves)
+            plan = plan_rebalance(
+                built.snapshot,
+                rules,
+                strategy,
+                built.now,
+                options.max_moves,
+                pulsar=options.config.load_manager.pulsar,
+            )
             # Reported apart: the core's own planning time, not Spark's.
             stage.timings["plan_core"] = round(time.perf_counter() - core_started, 3)
             plan_doc = _plan_document(
@@ -402,6 +416,7 @@ def run_analysis(
                 "brokers": ", ".join(all_brokers),
                 "topics": topic_count,
                 "plan": f"{len(plan.moves)} move(s), strategy {strategy.value}",
+                "policies (moves, CV end, converged after)": shedding.summary_line(policies),
             }
             heat_metric = transforms.SCORE_COLUMNS[strategy]
             report_path = report.write_report(
@@ -420,6 +435,7 @@ def run_analysis(
         if not options.keep_staging:
             shutil.rmtree(os.path.join(out, "_staging"), ignore_errors=True)
         outputs = {**paths, "plan": plan_path, "report": report_path}
+        outputs["policy_comparison"] = os.path.join(out, "policy_comparison.json")
         if remote_out:
             with stage("upload"):
                 target = options.out.rstrip("/")

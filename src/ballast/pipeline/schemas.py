@@ -100,6 +100,8 @@ BROKER_WINDOWS_SCHEMA = T.StructType(
         T.StructField("score_fair", T.DoubleType()),
         T.StructField("score_balanced", T.DoubleType()),
         T.StructField("score_weighted_load", T.DoubleType()),
+        T.StructField("score_least_long_term_message_rate", T.DoubleType()),
+        T.StructField("score_least_resource_usage_with_weight", T.DoubleType()),
     ]
 )
 

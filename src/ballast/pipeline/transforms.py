@@ -32,6 +32,7 @@ from ballast.balance.scoring import (
 )
 from ballast.config import Strategy
 from ballast.model import BrokerMode
+from ballast.pipeline.shedding import PULSAR_SCORE_COLUMNS, pulsar_score_columns
 
 # WeightedLoad's two non-arithmetic operations, for Spark columns.
 SPARK_OPS = Ops(
@@ -44,6 +45,7 @@ SCORE_COLUMNS = {
     Strategy.FAIR: "score_fair",
     Strategy.BALANCED: "score_balanced",
     Strategy.WEIGHTED_LOAD: "score_weighted_load",
+    **PULSAR_SCORE_COLUMNS,  # Pulsar's placement strategies (pipeline/shedding.py)
 }
 _WHOLE_PARTITION = (Window.unboundedPreceding, Window.unboundedFollowing)
 
@@ -262,6 +264,7 @@ def with_strategy_scores(broker_windows: DataFrame) -> DataFrame:
         fair.alias("score_fair"),
         F.when(reports_resources, balanced).otherwise(fair).alias("score_balanced"),
         weighted.alias("score_weighted_load"),
+        *pulsar_score_columns(),
     )
 
 

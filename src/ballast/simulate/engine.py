@@ -15,8 +15,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ballast.balance import MoveHistory, decide_rebalance, place_topics, plan_failover
+from ballast.balance.bundles import NamespaceBundles
 from ballast.balance.imbalance import measure
 from ballast.balance.rebalance import active_scores
+from ballast.balance.shedding import auto_split, prepare_snapshot
+from ballast.config import PlacementUnit
 from ballast.model import (
     BrokerId,
     BrokerMode,
@@ -103,6 +106,8 @@ class Simulator:
         self.pending: list[str] = []  # created, not yet placed
         self.history = MoveHistory()
         self.episode = False
+        self.shedder_state: dict[BrokerId, float] | None = None
+        self.layouts: dict[str, NamespaceBundles] = {}  # bundles, when placed by bundle
         self.last_chosen: BrokerId | None = None
         self.now = EPOCH
         self.result = SimResult(scenario)
@@ -130,13 +135,14 @@ class Simulator:
 
     def snapshot(self) -> ClusterSnapshot:
         live = tuple(sorted(self.brokers))
-        return ClusterSnapshot(
+        snap = ClusterSnapshot(
             brokers=live,
             reports={b: self._report(b) for b in live},
             states={b: self.states[b] for b in live},
             assignments={b: tuple(self.assignments[b]) for b in live},
             topic_created={name: t.created for name, t in self.topics.items()},
         )
+        return prepare_snapshot(snap, self.lm, self.layouts)
 
     def _add_broker(self, spec: BrokerSpec) -> None:
         self.brokers[spec.id] = spec
@@ -180,7 +186,13 @@ class Simulator:
             self._fail_over(event.kill_broker)
 
     def _fail_over(self, dead: BrokerId) -> None:
-        plan = plan_failover(self.snapshot(), dead, self.lm.assignment_strategy, self.last_chosen)
+        plan = plan_failover(
+            self.snapshot(),
+            dead,
+            self.lm.assignment_strategy,
+            self.last_chosen,
+            pulsar=self.lm.pulsar,
+        )
         del self.brokers[dead], self.states[dead], self.assignments[dead]
         for topic, placement in plan.placements:
             if placement.broker is None:
@@ -197,7 +209,11 @@ class Simulator:
             snap = self.snapshot()
             topics = list(self.assignments[broker])
             plan = place_topics(
-                snap, self.lm.assignment_strategy, [(t, None) for t in topics], self.last_chosen
+                snap,
+                self.lm.assignment_strategy,
+                [(t, None) for t in topics],
+                self.last_chosen,
+                pulsar=self.lm.pulsar,
             )
             for topic, placement in plan.placements:
                 if placement.broker is None or placement.broker == broker:
@@ -217,6 +233,7 @@ class Simulator:
             self.lm.assignment_strategy,
             [(t, None) for t in self.pending],
             self.last_chosen,
+            pulsar=self.lm.pulsar,
         )
         self.pending = []
         for topic, placement in plan.placements:
@@ -225,6 +242,17 @@ class Simulator:
             else:
                 self.assignments[placement.broker].append(topic)
         self.last_chosen = plan.last_chosen
+
+    def _split(self) -> None:
+        """Pulsar's automatic bundle split (placement by bundle); split topics re-placed."""
+        if self.lm.placement_unit is not PlacementUnit.BUNDLE:
+            return
+        out = auto_split(self.snapshot(), self.lm.pulsar)
+        self.layouts.update(out.layouts)
+        self.result.rules["bundle-split"] += sum(1 for r in out.results if r.positions)
+        for topic, broker in out.unload:
+            self.assignments[broker].remove(topic)
+            self.pending.append(topic)
 
     def _rebalance(self) -> str:
         snap = self.snapshot()
@@ -235,11 +263,13 @@ class Simulator:
             self.lm.rebalancing,
             self.lm.assignment_strategy,
             self.episode,
+            pulsar=self.lm.pulsar,
+            shedder_state=self.shedder_state,
         )
         self.episode = d.episode
+        self.shedder_state = dict(d.shedder_state) if d.shedder_state else None
         self.result.rules[d.rule] += 1
-        if d.move is not None:
-            m = d.move
+        for m in d.moves or ((d.move,) if d.move is not None else ()):
             self.assignments[m.from_broker].remove(m.topic)
             self.assignments[m.to_broker].append(m.topic)
             self.history = self.history.add(m)
@@ -277,6 +307,7 @@ class Simulator:
             while events and EPOCH + events[0].at <= self.now:
                 self._apply(events.pop(0))
             self._drain()
+            self._split()
             self._place_pending()
             rule = self._rebalance()
             if self.now >= next_sample:

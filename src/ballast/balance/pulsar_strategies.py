@@ -1,0 +1,211 @@
+"""Pulsar's placement strategies: LeastLongTermMessageRate and LeastResourceUsageWithWeight.
+
+Both choose among the brokers that passed the placement filters. Pulsar picks randomly
+among equally good brokers; Ballast picks the lowest score, then the lowest id, so a
+decision can be replayed. Ballast brokers report one network rate: it counts half as
+bandwidth in and half as bandwidth out, against `nic_speed_gbps`; direct memory is not
+reported (0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ballast.balance.scoring import NUMPY_OPS, Ops
+from ballast.balance.shedders import max_usage, max_usage_with_weight
+from ballast.config import PulsarConfig, Strategy
+from ballast.model import BrokerId, ClusterSnapshot
+
+PULSAR_STRATEGIES = (
+    Strategy.LEAST_LONG_TERM_MESSAGE_RATE,
+    Strategy.LEAST_RESOURCE_USAGE_WITH_WEIGHT,
+)
+
+
+def bandwidth_percent(network_io_bps: Any, nic_speed_gbps: float) -> Any:
+    """One direction's bandwidth usage in percent: half the reported rate, in bits, over
+    the NIC speed. Plain arithmetic (floats, NumPy, Spark columns)."""
+    return network_io_bps * 0.5 * 8 / (nic_speed_gbps * 1e9) * 100
+
+
+def resource_usage_score(
+    cpu: Any,
+    memory: Any,
+    direct_memory: Any,
+    bw_in: Any,
+    bw_out: Any,
+    cfg: PulsarConfig,
+    ops: Ops = NUMPY_OPS,
+) -> Any:
+    """Pulsar's `getMaxResourceUsageWithWeight` in percent (the LRUW ranking score)."""
+    return ops.maximum(
+        ops.maximum(
+            ops.maximum(cpu * cfg.cpu_resource_weight, memory * cfg.memory_resource_weight),
+            direct_memory * cfg.direct_memory_resource_weight,
+        ),
+        ops.maximum(
+            bw_in * cfg.bandwith_in_resource_weight, bw_out * cfg.bandwith_out_resource_weight
+        ),
+    )
+
+
+def broker_resources(
+    snapshot: ClusterSnapshot, brokers: Sequence[BrokerId], cfg: PulsarConfig
+) -> np.ndarray:
+    """(B, 5) percent: cpu, memory, direct memory (0), bandwidth in, bandwidth out."""
+    out = np.zeros((len(brokers), 5))
+    for i, b in enumerate(brokers):
+        r = snapshot.reports.get(b)
+        if r is None:
+            continue
+        bw = bandwidth_percent(r.network_io_bps, cfg.nic_speed_gbps)
+        out[i] = (r.cpu_percent, r.memory_percent, 0.0, bw, bw)
+    return out
+
+
+def broker_msg_rates(snapshot: ClusterSnapshot, brokers: Sequence[BrokerId]) -> np.ndarray:
+    """Each broker's reported message rate (in + out), 0 before its first report."""
+    return np.array(
+        [r.total_msg_rate if (r := snapshot.reports.get(b)) is not None else 0.0 for b in brokers],
+        dtype=float,
+    )
+
+
+def pulsar_scores(
+    snapshot: ClusterSnapshot, strategy: Strategy, cfg: PulsarConfig | None = None
+) -> dict[BrokerId, float]:
+    """Ranking scores: message rate (LLTMR) or max weighted resource usage % (LRUW)."""
+    cfg = cfg or PulsarConfig()
+    brokers = snapshot.brokers
+    if strategy is Strategy.LEAST_LONG_TERM_MESSAGE_RATE:
+        values = broker_msg_rates(snapshot, brokers)
+    elif strategy is Strategy.LEAST_RESOURCE_USAGE_WITH_WEIGHT:
+        res = broker_resources(snapshot, brokers, cfg)
+        cpu, mem, direct, bw_in, bw_out = res.T
+        values = np.asarray(resource_usage_score(cpu, mem, direct, bw_in, bw_out, cfg), dtype=float)
+    else:
+        raise ValueError(f"strategy {strategy.value!r} is not one of Pulsar's")
+    return dict(zip(brokers, values.tolist(), strict=True))
+
+
+@dataclass(frozen=True)
+class StrategyChoice:
+    """The chosen broker (None: no candidate), why, and per-broker notes."""
+
+    broker: BrokerId | None
+    reason: str
+    rejected: Mapping[BrokerId, str] = field(default_factory=dict)
+    scores: Mapping[BrokerId, float] = field(default_factory=dict)
+    usage: Mapping[BrokerId, float] = field(default_factory=dict)  # LRUW state to pass back
+
+
+def least_long_term_message_rate(
+    candidates: Sequence[BrokerId],
+    msg_rate: Mapping[BrokerId, float],
+    max_usage: Mapping[BrokerId, float],
+    cfg: PulsarConfig,
+    units: Mapping[BrokerId, int] | None = None,
+) -> StrategyChoice:
+    """Lowest message rate among brokers not above the overload threshold; when every
+    candidate is overloaded, the lowest message rate among all (Pulsar: random). Equal
+    rates go to the broker owning fewer `units` (topics), then the lowest id, so a burst
+    placed before the next load report still spreads (Pulsar counts preallocated bundles)."""
+    units = units or {}
+    if not candidates:
+        return StrategyChoice(None, "[no-broker] no candidate broker")
+    limit = cfg.broker_overloaded_threshold_percentage / 100
+    rejected: dict[BrokerId, str] = {}
+    ok = []
+    for b in sorted(candidates):
+        u = max_usage.get(b, 0.0)
+        if u > limit:
+            rejected[b] = f"[overloaded] max usage {100 * u:.1f}% > {100 * limit:.0f}%"
+        else:
+            ok.append(b)
+    pool = ok or sorted(candidates)
+    best = min(pool, key=lambda b: (msg_rate.get(b, 0.0), units.get(b, 0), b))
+    scores = {b: msg_rate.get(b, 0.0) for b in candidates}
+    for b in ok:
+        if b != best:
+            rejected[b] = f"[score] msg rate {scores[b]:.0f}/s > {scores[best]:.0f}/s"
+    note = "" if ok else " (every candidate is overloaded)"
+    return StrategyChoice(
+        best,
+        f"[least_long_term_message_rate] {best}: lowest msg rate {scores[best]:.0f}/s{note}",
+        rejected,
+        scores,
+    )
+
+
+def least_resource_usage_with_weight(
+    candidates: Sequence[BrokerId],
+    sample: Mapping[BrokerId, float],
+    cfg: PulsarConfig,
+    previous: Mapping[BrokerId, float] | None = None,
+    idle: Sequence[BrokerId] = (),
+    units: Mapping[BrokerId, int] | None = None,
+) -> StrategyChoice:
+    """Brokers whose smoothed usage is at least `average_resource_usage_difference_threshold`
+    below the candidates' average; the least used of them (Pulsar: random among them).
+
+    `sample` is each broker's max weighted usage (fraction); `previous` the smoothed values
+    of the last call (the returned `usage`); a broker in `idle` (owning nothing, e.g. just
+    restarted) starts again from its sample, as in Pulsar. With no broker far enough below
+    the average, the least used candidate is chosen (Pulsar: a random one). Ties: fewer
+    `units`, then the lowest id."""
+    units = units or {}
+    if not candidates:
+        return StrategyChoice(None, "[no-broker] no candidate broker")
+    h = cfg.history_resource_percentage
+    prev = dict(previous or {})
+    usage = dict(prev)
+    for b in candidates:
+        s = sample.get(b, 0.0)
+        usage[b] = h * prev[b] + (1 - h) * s if b in prev and b not in idle else s
+    avg = sum(usage[b] for b in candidates) / len(candidates)
+    diff = cfg.average_resource_usage_difference_threshold_percentage / 100
+    best = sorted(b for b in candidates if usage[b] + diff <= avg)
+    rejected = {
+        b: f"[score] usage {100 * usage[b]:.1f}% is not {100 * diff:.0f}% below the average "
+        f"{100 * avg:.1f}%"
+        for b in sorted(candidates)
+        if b not in best
+    }
+    pool = best or sorted(candidates)
+    chosen = min(pool, key=lambda b: (usage[b], units.get(b, 0), b))
+    why = (
+        f"{len(best)} broker(s) ≥ {100 * diff:.0f}% below the average {100 * avg:.1f}%"
+        if best
+        else f"none is {100 * diff:.0f}% below the average {100 * avg:.1f}%"
+    )
+    rejected.pop(chosen, None)
+    return StrategyChoice(
+        chosen,
+        f"[least_resource_usage_with_weight] {chosen} at {100 * usage[chosen]:.1f}%: {why}",
+        {b: r for b, r in rejected.items() if b != chosen},
+        {b: 100 * usage[b] for b in candidates},
+        usage,
+    )
+
+
+def select_pulsar(
+    snapshot: ClusterSnapshot,
+    strategy: Strategy,
+    candidates: Sequence[BrokerId],
+    cfg: PulsarConfig | None = None,
+) -> StrategyChoice:
+    """Run one of Pulsar's strategies over `candidates` on the snapshot's latest reports."""
+    cfg = cfg or PulsarConfig()
+    brokers = tuple(sorted(candidates))
+    res = broker_resources(snapshot, brokers, cfg)
+    units = {b: len(snapshot.assignments.get(b, ())) for b in brokers}
+    if strategy is Strategy.LEAST_LONG_TERM_MESSAGE_RATE:
+        rates = dict(zip(brokers, broker_msg_rates(snapshot, brokers).tolist(), strict=True))
+        usage = dict(zip(brokers, max_usage(res).tolist(), strict=True))
+        return least_long_term_message_rate(brokers, rates, usage, cfg, units)
+    sample = dict(zip(brokers, max_usage_with_weight(res, cfg).tolist(), strict=True))
+    return least_resource_usage_with_weight(brokers, sample, cfg, units=units)
