@@ -356,21 +356,32 @@ def register(app: typer.Typer) -> None:
         config: Annotated[Path | None, typer.Option("--config", help="Broker YAML.")] = None,
         broker_id: Annotated[str | None, typer.Option("--id", help="Broker id.")] = None,
         profiles: Annotated[
-            str, typer.Option("--profiles", help="Synthetic traffic: idle or mixed.")
-        ] = "idle",
+            str | None,
+            typer.Option(
+                "--profiles", help="Synthetic topics (idle or mixed) instead of the data plane."
+            ),
+        ] = None,
+        broker_url: Annotated[
+            str | None,
+            typer.Option("--broker-url", help="host:port for clients (port 0: a free port)."),
+        ] = None,
     ) -> None:
-        """Run one broker until SIGINT/SIGTERM."""
+        """Run one broker until SIGINT/SIGTERM; clients connect on its broker_url."""
         from ballast.cluster.run import PROFILES, serve
 
-        if profiles not in PROFILES:
+        if profiles is not None and profiles not in PROFILES:
             raise _fail(f"--profiles {profiles!r}: use one of {', '.join(sorted(PROFILES))}", 2)
         try:
             cfg = load_config(config)
         except ConfigError as exc:
             raise _fail(str(exc), 2) from None
+        if broker_url is not None:
+            cfg = cfg.model_copy(
+                update={"broker": cfg.broker.model_copy(update={"broker_url": broker_url})}
+            )
         try:
             asyncio.run(serve(etcd, cfg, broker_id, profiles=profiles))
-        except (ValueError, MetadataError) as exc:
+        except (ValueError, OSError, MetadataError) as exc:
             raise _fail(str(exc), 2) from None
 
     app.add_typer(admin_app, name="admin")

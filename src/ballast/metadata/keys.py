@@ -20,6 +20,7 @@ a foreign key instead of crashing.
 | `subscription_cursor(t, s)` | ``/topics/{ns}/{topic}/subscriptions/{s}/cursor`` |
 | `storage_object(t, start)` | ``/storage/topics/{ns}/{topic}/objects/{start:020}`` |
 | `storage_state(t)` | ``/storage/topics/{ns}/{topic}/state`` |
+| `namespace(ns)` | ``/namespaces/{ns}`` |
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "LEADER",
     "LOAD_BALANCE",
     "LOAD_PREFIX",
+    "NAMESPACES_PREFIX",
     "REGISTER_PREFIX",
     "STORAGE_PREFIX",
     "TOPICS_PREFIX",
@@ -47,10 +49,13 @@ __all__ = [
     "broker_prefix",
     "broker_state",
     "load",
+    "namespace",
+    "namespace_topics_prefix",
     "parse_assignment_key",
     "parse_broker_state_key",
     "parse_history_key",
     "parse_load_key",
+    "parse_namespace_key",
     "parse_register_key",
     "parse_storage_object_key",
     "parse_subscription_cursor_key",
@@ -80,6 +85,7 @@ LOAD_BALANCE = "/cluster/load_balance"
 HISTORY_PREFIX = "/cluster/rebalancing_history/"
 TOPICS_PREFIX = "/topics/"
 STORAGE_PREFIX = "/storage/topics/"
+NAMESPACES_PREFIX = "/namespaces/"
 
 # Widths chosen so that lexicographic key order equals numeric order: 15 digits of
 # milliseconds reach year 33658; 20 digits hold any unsigned 64-bit offset.
@@ -326,3 +332,36 @@ def parse_storage_object_key(key: str) -> tuple[TopicName, int]:
 def storage_state(topic: TopicLike) -> str:
     """Sealed-state key of a reliable topic."""
     return f"{storage_topic_prefix(topic)}state"
+
+
+# -- namespaces ----------------------------------------------------------------------------
+
+
+def _namespace(namespace: str) -> str:
+    # A namespace is the first part of a topic name: validated by the same rule.
+    try:
+        return TopicName(namespace, "t").namespace
+    except ModelError:
+        raise ValueError(
+            f"invalid namespace {namespace!r}: must be 1-128 characters of letters, digits, "
+            "'_', '.', '-' and start with a letter or digit"
+        ) from None
+
+
+def namespace(name: str) -> str:
+    """Key of a namespace (its existence; value ``{created_at}``)."""
+    return f"{NAMESPACES_PREFIX}{_namespace(name)}"
+
+
+def parse_namespace_key(key: str) -> str:
+    """Namespace of a namespace key."""
+    (name,) = _segments(key, NAMESPACES_PREFIX, 1, "a namespace")
+    try:
+        return _namespace(name)
+    except ValueError as exc:
+        raise KeyLayoutError(f"{key!r} is not a namespace key: {exc}") from None
+
+
+def namespace_topics_prefix(name: str) -> str:
+    """Prefix of the metadata of every topic in a namespace."""
+    return f"{TOPICS_PREFIX}{_namespace(name)}/"
