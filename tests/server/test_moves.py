@@ -1,0 +1,97 @@
+"""Topics that move keep every message: lookups redirect, producers and consumers of the
+real client follow the topic to its new owner by themselves, offsets continue."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from ballast.cluster import AdminClient
+from tests.server.helpers import DataCluster, DispatchStrategy, SubType, new_client
+
+pytestmark = pytest.mark.timeout(90)
+
+
+async def reliable_producer(client: Any, topic: str, name: str = "p1") -> Any:
+    producer = (
+        client.new_producer()
+        .with_topic(topic)
+        .with_name(name)
+        .with_dispatch_strategy(DispatchStrategy.RELIABLE)
+        .build()
+    )
+    await producer.create()
+    return producer
+
+
+async def exclusive_consumer(client: Any, topic: str, sub: str = "s1") -> Any:
+    consumer = (
+        client.new_consumer()
+        .with_topic(topic)
+        .with_consumer_name("c1")
+        .with_subscription(sub)
+        .with_subscription_type(SubType.EXCLUSIVE)
+        .build()
+    )
+    await consumer.subscribe()
+    return consumer
+
+
+async def test_lookup_at_a_non_owner_redirects_and_a_pinned_producer_recovers(
+    cluster: DataCluster,
+) -> None:
+    b2 = await cluster.start_broker("b2")
+    client = await new_client(cluster.brokers["b1"].url)
+    producer = await reliable_producer(client, "/default/mv1")
+    owner = await cluster.wait_served("/default/mv1")
+    other = b2 if owner is cluster.brokers["b1"] else cluster.brokers["b1"]
+    # Any broker answers the lookup: the non-owner redirects to the owner's address.
+    reply = await client.lookup_service.lookup_topic(other.url, "/default/mv1")
+    assert reply.response_type == 0  # Redirect
+    assert reply.broker_url == reply.connect_url == owner.url
+    reply = await client.lookup_service.lookup_topic(owner.url, "/default/mv1")
+    assert reply.response_type == 1  # Connect
+    # The producer is pinned to the owner; the topic moves; sends go on by themselves.
+    await producer.send(b"before")
+    await AdminClient(cluster.store).unload_topic("/default/mv1")
+    for i in range(3):
+        await producer.send(f"after{i}".encode())
+    new_owner = cluster.owner("/default/mv1")
+    assert new_owner is other
+    storage = new_owner.host.topics["/default/mv1"].storage  # type: ignore[attr-defined]
+    assert storage.next_offset == 4  # offsets 0..3, continuous across the move
+    await producer.close()
+
+
+async def test_unload_anchor_consumer_gets_exactly_the_unacked_and_the_new(
+    cluster: DataCluster,
+) -> None:
+    """Danube's anchor: produce 0-9, ack 0-4, unload, produce 8 more: 5..17 arrive."""
+    await cluster.start_broker("b2")
+    client = await new_client(cluster.brokers["b1"].url)
+    producer = await reliable_producer(client, "/default/anchor")
+    consumer = await exclusive_consumer(client, "/default/anchor")
+    queue = await consumer.receive()
+    for i in range(10):
+        await producer.send(f"m{i}".encode())
+    first = [await asyncio.wait_for(queue.get(), 10) for _ in range(10)]
+    assert [m.msg_id.topic_offset for m in first] == list(range(10))
+    for m in first[:5]:
+        await consumer.ack(m)
+    source = cluster.owner("/default/anchor")
+    await AdminClient(cluster.store).unload_topic("/default/anchor")
+    for i in range(10, 18):
+        await producer.send(f"m{i}".encode())
+    after = [await asyncio.wait_for(queue.get(), 20) for _ in range(13)]
+    assert [m.msg_id.topic_offset for m in after] == list(range(5, 18))
+    assert [m.payload for m in after] == [f"m{i}".encode() for i in range(5, 18)]
+    target = cluster.owner("/default/anchor")
+    assert target is not None and target is not source
+    for m in after:
+        await consumer.ack(m)
+    await asyncio.sleep(0.2)
+    assert queue.empty()
+    await consumer.close()
+    await producer.close()
