@@ -89,6 +89,9 @@ async def test_unload_anchor_consumer_gets_exactly_the_unacked_and_the_new(
     assert [m.payload for m in after] == [f"m{i}".encode() for i in range(5, 18)]
     target = cluster.owner("/default/anchor")
     assert target is not None and target is not source
+    # The new owner continued after the seal: 5..9 came from object storage, 10.. its WAL.
+    opened = target.host.topics["/default/anchor"].storage.opened  # type: ignore[attr-defined]
+    assert (opened.next_offset, opened.source.value) == (10, "sealed")
     for m in after:
         await consumer.ack(m)
     await asyncio.sleep(0.2)
