@@ -161,13 +161,21 @@ def topics_create(
     hint: Annotated[
         str | None, typer.Option("--hint", help="Preferred broker (honoured if active).")
     ] = None,
+    partitions: Annotated[
+        int, typer.Option("--partitions", min=0, help="Create TOPIC-part-0..N-1 instead.")
+    ] = 0,
+    reliable: Annotated[
+        bool, typer.Option("--reliable", help="Reliable topics (stored, survive moves).")
+    ] = False,
     etcd: EtcdOption = DEFAULT_ETCD,
     as_json: JsonOption = False,
 ) -> None:
-    """Create topics; the leader places each on a broker."""
+    """Create topics (or partitioned topics); the leader places each on a broker."""
+    meta = {"dispatch_strategy": "reliable" if reliable else "non_reliable"}
+    names = [f"{t}-part-{i}" for t in topics for i in range(partitions)] if partitions else topics
 
     async def create(admin: AdminClient) -> list[str]:
-        return [await admin.create_topic(t, hint=hint) for t in topics]
+        return [await admin.create_topic(t, hint=hint, meta=meta) for t in names]
 
     created = _run_admin(etcd, None, create)
     if as_json:
