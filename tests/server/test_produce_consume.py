@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.server.helpers import DataCluster, DispatchStrategy, SubType, new_client
+from tests.server.helpers import DataCluster, DispatchStrategy, SubType, new_client, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -209,3 +209,33 @@ async def test_partitioned_topic_produce_and_consume(cluster: DataCluster) -> No
     msgs = await take(queue, 9)
     assert {m.msg_id.topic_name for m in msgs} == {f"/default/pt-part-{i}" for i in range(3)}
     assert sorted(m.payload for m in msgs) == sorted(f"{i}".encode() for i in range(9))
+
+
+async def test_load_report_carries_the_real_traffic(cluster: DataCluster) -> None:
+    from ballast.metadata import keys
+    from ballast.model import LoadReport
+
+    client = await new_client(cluster.brokers["b1"].url)
+    producer = await make_producer(client, "/default/load")
+    _, queue = await make_consumer(client, "/default/load", "s", SubType.SHARED)
+    for i in range(30):
+        await producer.send(b"x" * 100)
+    await take(queue, 30)  # received, never acked: all 30 are backlog
+
+    async def reported() -> LoadReport | None:
+        kv = await cluster.store.get(keys.load("b1"))
+        report = LoadReport.from_dict(kv.value) if kv is not None else None
+        if report is None:
+            return None
+        loads = [t for t in report.topics if t.topic == "/default/load"]
+        return report if loads and loads[0].backlog == 30 else None
+
+    async def ready() -> bool:
+        return await reported() is not None
+
+    await wait_until(ready, 10, "a load report with the topic's traffic")
+    report = await reported()
+    assert report is not None
+    (load,) = [t for t in report.topics if t.topic == "/default/load"]
+    assert (load.producers, load.consumers, load.subscriptions) == (1, 1, 1)
+    assert load.backlog == 30
