@@ -373,6 +373,9 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("--broker-url", help="host:port for clients (port 0: a free port)."),
         ] = None,
+        metrics_port: Annotated[
+            int | None, typer.Option("--metrics-port", help="Prometheus port (0: none).")
+        ] = None,
     ) -> None:
         """Run one broker until SIGINT/SIGTERM; clients connect on its broker_url."""
         from ballast.cluster.run import PROFILES, serve
@@ -387,6 +390,9 @@ def register(app: typer.Typer) -> None:
             cfg = cfg.model_copy(
                 update={"broker": cfg.broker.model_copy(update={"broker_url": broker_url})}
             )
+        if metrics_port is not None:
+            metrics = {"enabled": metrics_port > 0, "port": metrics_port}
+            cfg = cfg.model_copy(update={"metrics": cfg.metrics.model_copy(update=metrics)})
         try:
             asyncio.run(serve(etcd, cfg, broker_id, profiles=profiles))
         except (ValueError, OSError, MetadataError) as exc:

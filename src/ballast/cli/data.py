@@ -173,10 +173,11 @@ async def consume(
     count: int,
     name: str,
     idle_timeout: float = 0.0,
+    wait_seconds: float = 30.0,
     quiet: bool = False,
 ) -> ConsumeSummary:
     """Receive and ack `count` messages (0: until interrupted or idle for `idle_timeout`)."""
-    from danube import DanubeClientBuilder, SubType
+    from danube import DanubeClientBuilder, DanubeError, SubType
 
     client = await DanubeClientBuilder().service_url(_url(service_url)).build()
     consumer = (
@@ -187,7 +188,16 @@ async def consume(
         .with_subscription_type(SubType[sub_type.upper()])
         .build()
     )
-    await consumer.subscribe()
+    # Like Danube, a topic has no partitions until a producer created it: wait for one.
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            await consumer.subscribe()
+            break
+        except DanubeError as exc:
+            if "no partitions" not in str(exc) or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(1.0)
     queue = await consumer.receive()
     progress = Progress("consumed")
     reporter = asyncio.create_task(_report(progress, quiet))

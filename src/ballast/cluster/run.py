@@ -62,48 +62,54 @@ async def serve(
     store = open_store(etcd, clock)
     async with store:
         metrics = ClusterMetrics(broker_id)
+        if config.metrics.enabled:
+            try:
+                metrics.serve(config.metrics.host, config.metrics.port)
+            except OSError as exc:
+                raise OSError(
+                    f"metrics endpoint {config.metrics.host}:{config.metrics.port}: "
+                    f"{exc.strerror} (set metrics.port, or metrics.enabled: false)"
+                ) from None
         host: TopicHost
         server: DataPlaneServer | None = None
         sampler = None
-        if profiles is not None or not config.data_plane.enabled:
-            synthetic = SyntheticHost(broker_id, clock, PROFILES[profiles or "idle"])
-            sampler = HostSampler(synthetic) if synthetic_resources else None
-            host = synthetic
-        else:
-            data_host = DataPlaneHost(
-                broker_id, store, clock, config, metrics=DataPlaneMetrics(metrics.registry)
-            )
-            server = DataPlaneServer(data_host, config, config.broker.broker_url)
-            url = await server.start()
-            # Register the real address (a port 0 in the configuration is now bound).
-            config = config.model_copy(
-                update={"broker": config.broker.model_copy(update={"broker_url": url})}
-            )
-            await data_host.directory.ensure_namespace(DEFAULT_NAMESPACE)
-            host = data_host
-        history_dir = config.history.directory if config.history.enabled else None
-        process = build_broker(
-            store,
-            clock,
-            config,
-            broker_id,
-            host,
-            sampler=sampler,
-            history_dir=history_dir,
-            metrics=metrics,
-        )
-        if config.metrics.enabled:
-            process.metrics.serve(config.metrics.host, config.metrics.port)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, process.stop.set)
-        runner = asyncio.ensure_future(process.run())
-        started = asyncio.ensure_future(process.started.wait())
-        await asyncio.wait({runner, started}, return_when=asyncio.FIRST_COMPLETED)
-        if process.started.is_set() and on_started is not None:
-            on_started(broker_id)
-        started.cancel()
         try:
+            if profiles is not None or not config.data_plane.enabled:
+                synthetic = SyntheticHost(broker_id, clock, PROFILES[profiles or "idle"])
+                sampler = HostSampler(synthetic) if synthetic_resources else None
+                host = synthetic
+            else:
+                data_host = DataPlaneHost(
+                    broker_id, store, clock, config, metrics=DataPlaneMetrics(metrics.registry)
+                )
+                server = DataPlaneServer(data_host, config, config.broker.broker_url)
+                url = await server.start()
+                # Register the real address (a port 0 in the configuration is now bound).
+                config = config.model_copy(
+                    update={"broker": config.broker.model_copy(update={"broker_url": url})}
+                )
+                await data_host.directory.ensure_namespace(DEFAULT_NAMESPACE)
+                host = data_host
+            history_dir = config.history.directory if config.history.enabled else None
+            process = build_broker(
+                store,
+                clock,
+                config,
+                broker_id,
+                host,
+                sampler=sampler,
+                history_dir=history_dir,
+                metrics=metrics,
+            )
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, process.stop.set)
+            runner = asyncio.ensure_future(process.run())
+            started = asyncio.ensure_future(process.started.wait())
+            await asyncio.wait({runner, started}, return_when=asyncio.FIRST_COMPLETED)
+            if process.started.is_set() and on_started is not None:
+                on_started(broker_id)
+            started.cancel()
             await runner
         finally:
             if server is not None:

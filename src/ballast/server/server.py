@@ -63,9 +63,16 @@ class DataPlaneServer:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        port = server.add_insecure_port(f"{self.bind_host}:{self.bind_port}")
+        address = f"{self.bind_host}:{self.bind_port}"
+        try:
+            port = server.add_insecure_port(address)
+        except RuntimeError:
+            port = 0
         if port == 0:
-            raise OSError(f"cannot bind the data plane to {self.bind_host}:{self.bind_port}")
+            raise OSError(
+                f"broker_url {address}: cannot listen there (in use?); "
+                "choose another port (--broker-url, port 0 picks a free one)"
+            )
         self.port = port
         self.url = f"{self.bind_host}:{port}"
         service = DataPlaneService(self.host, self.config, self.url)
