@@ -145,6 +145,7 @@ class DataPlaneConfig(_Strict):
     unacked_window: int = Field(1000, gt=0)  # delivered, not yet acked, per consumer
     lookup_wait_seconds: float = Field(3.0, ge=0)  # a lookup waits this long for an owner
     close_handshake_seconds: float = Field(6.0, gt=0)  # a moving consumer's stream lives on
+    relay_moving_consumers: bool = True  # feed that stream from the new owner meanwhile
     non_reliable_queue: int = Field(10_000, gt=0)  # per subscription; older messages drop
     auto_create_topics: bool = True
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ballast.cluster import AdminClient
-from tests.server.helpers import DataCluster, DispatchStrategy, SubType, new_client
+from tests.server.helpers import DataCluster, DispatchStrategy, SubType, new_client, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -98,3 +98,48 @@ async def test_unload_anchor_consumer_gets_exactly_the_unacked_and_the_new(
     assert queue.empty()
     await consumer.close()
     await producer.close()
+
+
+async def test_a_moving_consumer_is_relayed_without_waiting_for_its_health_check(
+    cluster: DataCluster,
+) -> None:
+    """The old owner feeds the open stream from the new owner: messages keep flowing long
+    before the client's next health check (every 5 s) would move it; acks pass on."""
+    await cluster.start_broker("b2")
+    client = await new_client(cluster.brokers["b1"].url)
+    producer = await reliable_producer(client, "/default/relay")
+    consumer = await exclusive_consumer(client, "/default/relay")
+    queue = await consumer.receive()
+    await producer.send(b"0")
+    first = await asyncio.wait_for(queue.get(), 10)
+    await consumer.ack(first)
+    source = cluster.owner("/default/relay")
+    assert source is not None
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await AdminClient(cluster.store).unload_topic("/default/relay")
+
+    async def moved() -> bool:
+        owner = cluster.owner("/default/relay")
+        return owner is not None and owner is not source
+
+    await wait_until(moved, 10, "the topic to move")
+    target = cluster.owner("/default/relay")
+    assert target is not None
+    # Sent to the new owner directly (another client), received through the relay.
+    other = await new_client(target.url)
+    direct = await reliable_producer(other, "/default/relay", name="p2")
+    await direct.send(b"1")
+    message = await asyncio.wait_for(queue.get(), 10)
+    assert (message.msg_id.topic_offset, message.payload) == (1, b"1")
+    assert loop.time() - start < 3.0
+    await consumer.ack(message)  # to the old owner, passed on to the new one
+    dispatcher = target.host.topics["/default/relay"].subscriptions["s1"]
+
+    async def acked() -> bool:
+        return dispatcher.cursor == 1
+
+    await wait_until(acked, 5, "the relayed ack to reach the new owner")
+    await consumer.close()
+    await producer.close()
+    await direct.close()

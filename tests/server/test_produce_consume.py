@@ -218,7 +218,7 @@ async def test_load_report_carries_the_real_traffic(cluster: DataCluster) -> Non
     client = await new_client(cluster.brokers["b1"].url)
     producer = await make_producer(client, "/default/load")
     _, queue = await make_consumer(client, "/default/load", "s", SubType.SHARED)
-    for i in range(30):
+    for _ in range(30):
         await producer.send(b"x" * 100)
     await take(queue, 30)  # received, never acked: all 30 are backlog
 

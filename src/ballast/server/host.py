@@ -9,7 +9,9 @@ in-memory fan-out. The gRPC services find producers, consumers and topics here.
 Leaving is make-before-break for clients: producers are dropped at once (their next send
 gets UNAVAILABLE, on which the client looks up and follows the topic), and consumers go
 through the close handshake: their stream stays open, the next health check answers
-CLOSE, and the stream ends just after (or after `close_handshake_seconds`).
+CLOSE, and the stream ends just after (or after `close_handshake_seconds`). Meanwhile a
+`ConsumerRelay` feeds the open stream from the new owner, so the consumer does not wait
+for its next health check to get messages again.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ballast.model import TopicLoad, TopicName, UnassignedMarker
 from ballast.server.directory import Directory
 from ballast.server.dispatch import ConsumerHandle
 from ballast.server.metrics import DataPlaneMetrics
+from ballast.server.relay import ConsumerRelay
 from ballast.server.topics import (
     NonReliableServedTopic,
     ProducerEntry,
@@ -92,6 +95,7 @@ class DataPlaneHost:
         self.producers: dict[int, ProducerEntry] = {}
         self.consumers: dict[int, ConsumerHandle] = {}
         self._timers: set[asyncio.TimerHandle] = set()
+        self._relays: dict[int, ConsumerRelay] = {}  # consumer id -> relay of a moved topic
 
     def objects(self) -> ObjectStore:
         """The shared object store of reliable topics."""
@@ -156,6 +160,18 @@ class DataPlaneHost:
             consumer.closing = True
             self._later(self.settings.close_handshake_seconds, self._forget_consumer, consumer)
         sealed = await served.leave()
+        if self.settings.relay_moving_consumers:
+            for consumer in departing:
+                if consumer.connected:
+                    relay = ConsumerRelay(
+                        consumer,
+                        topic,
+                        self.directory,
+                        self.broker_id,
+                        self.settings.close_handshake_seconds,
+                    )
+                    self._relays[consumer.id] = relay
+                    relay.start()
         self._update_gauges()
         log.info(
             "%s: stopped serving %s%s",
@@ -186,7 +202,17 @@ class DataPlaneHost:
         """A departing consumer was told CLOSE: end its stream just after."""
         self._later(CLOSE_AFTER_HEALTH_SECONDS, self._forget_consumer, handle)
 
+    def relay_for(self, topic: str, subscription: str) -> ConsumerRelay | None:
+        """A running relay of `subscription` of a topic that moved away, if any."""
+        for relay in self._relays.values():
+            if relay.topic == topic and relay.subscription == subscription and relay.stub:
+                return relay
+        return None
+
     def _forget_consumer(self, handle: ConsumerHandle) -> None:
+        relay = self._relays.pop(handle.id, None)
+        if relay is not None:
+            relay.stop()
         handle.end_stream()
         if self.consumers.get(handle.id) is handle:
             del self.consumers[handle.id]
@@ -242,3 +268,6 @@ class DataPlaneHost:
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
+        for relay in self._relays.values():
+            relay.stop()
+        self._relays.clear()

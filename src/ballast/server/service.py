@@ -331,6 +331,10 @@ class DataPlaneService(
         served = self.host.topics.get(msg_id.topic_name)
         if served is not None:
             await served.ack(request.subscription_name, msg_id.topic_offset)
+        else:
+            relay = self.host.relay_for(msg_id.topic_name, request.subscription_name)
+            if relay is not None:
+                await relay.ack(request)
         return pb.AckResponse(request_id=request.request_id)
 
     @_rpc("Nack")
@@ -340,6 +344,10 @@ class DataPlaneService(
         if served is not None:
             delay = request.delay_ms / 1000.0 if request.HasField("delay_ms") else 0.0
             served.nack(request.subscription_name, msg_id.topic_offset, delay)
+        else:
+            relay = self.host.relay_for(msg_id.topic_name, request.subscription_name)
+            if relay is not None:
+                await relay.nack(request)
         return pb.NackResponse(request_id=request.request_id)
 
     # -- health ----------------------------------------------------------------------------

@@ -1,0 +1,132 @@
+"""Make-before-break for consumers: the old owner relays a moving topic's new owner.
+
+The 0.5.0 client leaves a broker only when a health check answers CLOSE, and it checks
+every 5 s: a consumer would wait up to 5 s after every move. Instead, while the close
+handshake runs, the old owner subscribes to the new owner *as that consumer* (same
+subscription, same consumer name) and feeds what it receives into the consumer's still
+open stream; the client's acks and nacks, which still arrive at the old owner, are passed
+on. When the client finally re-subscribes on the new owner under the same name, it takes
+the stream over there (the relay's stream ends, and whatever the relay had in flight is
+redelivered to the client): at-least-once, with a pause of about one seal and one
+placement instead of one health-check period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import grpc
+
+from ballast.model import TopicName
+from ballast.server.directory import Directory
+from ballast.server.dispatch import ConsumerHandle, Delivery
+from ballast.server.protocol import SUBSCRIPTION_TYPES, pb, pb_grpc
+
+__all__ = ["ConsumerRelay"]
+
+log = logging.getLogger(__name__)
+
+_WIRE_TYPE = {name: number for number, name in SUBSCRIPTION_TYPES.items()}
+RPC_TIMEOUT = 2.0
+
+
+class ConsumerRelay:
+    """Relays one departing consumer from the topic's new owner until it moves itself."""
+
+    def __init__(
+        self,
+        handle: ConsumerHandle,
+        topic: str,
+        directory: Directory,
+        broker_id: str,
+        deadline_seconds: float,
+    ) -> None:
+        self.handle = handle
+        self.topic = topic
+        self.subscription = handle.dispatcher.name
+        self.directory = directory
+        self.broker_id = broker_id
+        self.deadline_seconds = deadline_seconds
+        self.stub: Any = None
+        self.relayed = 0
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Run in the background (ends by itself; `stop` cancels it)."""
+        self.task = asyncio.create_task(
+            self._run(), name=f"relay{self.topic}/{self.subscription}/{self.handle.name}"
+        )
+
+    def stop(self) -> None:
+        """Cancel the relay (the consumer's stream is over)."""
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.deadline_seconds
+        name = TopicName.parse(self.topic)
+        owner = None
+        while self.handle.connected and loop.time() < deadline:
+            owner = await self.directory.owner(name)
+            if owner is not None and owner.broker_id != self.broker_id:
+                break
+            owner = None
+            await asyncio.sleep(0.05)
+        if owner is None:
+            return
+        handle = self.handle
+        request = pb.ConsumerRequest(
+            topic_name=self.topic,
+            consumer_name=handle.name,
+            subscription=self.subscription,
+            subscription_type=_WIRE_TYPE[handle.dispatcher.sub_type],
+            key_filters=list(handle.key_filters),
+        )
+        async with grpc.aio.insecure_channel(owner.broker_url) as channel:
+            stub = pb_grpc.ConsumerServiceStub(channel)
+            while True:
+                try:
+                    reply = await stub.Subscribe(request, timeout=RPC_TIMEOUT)
+                    break
+                except grpc.aio.AioRpcError as exc:
+                    retry = exc.code() in (
+                        grpc.StatusCode.UNAVAILABLE,
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                    )
+                    if not retry or not handle.connected or loop.time() > deadline:
+                        log.debug("relay %s: subscribe failed: %s", self.topic, exc.details())
+                        return
+                    await asyncio.sleep(0.05)
+            self.stub = stub
+            call = stub.ReceiveMessages(pb.ReceiveRequest(consumer_id=reply.consumer_id))
+            try:
+                async for message in call:
+                    queue = handle.queue
+                    if queue is None:
+                        return
+                    offset = message.msg_id.topic_offset
+                    queue.put_nowait(Delivery(offset, message, "", len(message.payload)))
+                    self.relayed += 1
+            except grpc.aio.AioRpcError as exc:
+                log.debug("relay %s: stream ended: %s", self.topic, exc.details())
+            finally:
+                self.stub = None
+                call.cancel()
+
+    async def ack(self, request: Any) -> None:
+        """Pass an ack on to the new owner (best effort: a lost ack means a redelivery)."""
+        stub = self.stub
+        if stub is not None:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await stub.Ack(request, timeout=RPC_TIMEOUT)
+
+    async def nack(self, request: Any) -> None:
+        """Pass a nack on to the new owner (best effort)."""
+        stub = self.stub
+        if stub is not None:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await stub.Nack(request, timeout=RPC_TIMEOUT)
