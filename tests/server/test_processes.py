@@ -151,11 +151,16 @@ async def test_unload_anchor_across_two_broker_processes(
         assert f"unloading from {source}" in out.decode()
         for i in range(10, 18):
             await producer.send(f"m{i}".encode())
-        after = [await asyncio.wait_for(queue.get(), 20) for _ in range(13)]
+        after = []
+        for _ in range(13):  # acked as they arrive, as a consumer does
+            after.append(await asyncio.wait_for(queue.get(), 20))
+            await consumer.ack(after[-1])
         assert [m.msg_id.topic_offset for m in after] == list(range(5, 18))
         assert [m.payload for m in after] == [f"m{i}".encode() for i in range(5, 18)]
         target = await brokers.owner(topic)
         assert target is not None and target != source
+        await asyncio.sleep(0.5)
+        assert queue.empty()  # and nothing more: each of 5..17 exactly once
         await consumer.close()
         await producer.close()
     finally:

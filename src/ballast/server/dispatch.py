@@ -30,7 +30,7 @@ import itertools
 import logging
 import secrets
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,11 +42,16 @@ __all__ = [
     "ConsumerHandle",
     "Delivery",
     "SubscriptionDispatcher",
+    "drain",
     "fnv1a64",
     "new_id",
 ]
 
 log = logging.getLogger(__name__)
+
+# After a takeover, messages the previous stream sent stay the consumer's this long (it
+# most likely has them and acks them) before they are redelivered.
+REDELIVERY_GRACE = 2.0
 
 _FNV_OFFSET = 0xCBF29CE484222325
 _FNV_PRIME = 0x100000001B3
@@ -91,6 +96,7 @@ class ConsumerHandle:
     unacked: dict[int, Delivery] = field(default_factory=dict)
     queue: asyncio.Queue[Delivery | None] | None = None  # the open stream's queue
     closing: bool = False  # the topic is leaving: CLOSE on the next health check
+    close_sent: bool = False  # CLOSE was answered: send nothing more, the stream ends soon
     last_seen: float = 0.0
 
     @property
@@ -103,24 +109,41 @@ class ConsumerHandle:
         return not self.key_filters or any(fnmatch.fnmatchcase(key, p) for p in self.key_filters)
 
     def attach(self) -> asyncio.Queue[Delivery | None]:
-        """Open a new stream; a previous one of this consumer ends (takeover)."""
+        """Open a new stream; a previous one of this consumer ends (takeover).
+
+        What the previous stream had not sent yet goes back to the queue at once. What it
+        had sent is most likely in the client's hands (it reconnects with the same name
+        after a move, and acks what it received): it stays this consumer's for
+        `REDELIVERY_GRACE` seconds, and only what is still unacked then is redelivered.
+        """
         old = self.queue
         self.queue = asyncio.Queue()
         if old is not None:
-            self.dispatcher.requeue(_drain(old))
+            unsent = drain(old)
+            for d in unsent:
+                self.unacked.pop(d.offset, None)
+            self.dispatcher.requeue(unsent)
             old.put_nowait(None)
-        # Whatever the previous stream had in flight may never have reached the client.
-        self.dispatcher.requeue(self.unacked.values())
-        self.unacked.clear()
+        in_flight = list(self.unacked.values())
+        if in_flight:
+            self.dispatcher.schedule(REDELIVERY_GRACE, lambda: self._expire(in_flight))
         self.dispatcher.pump()
         return self.queue
+
+    def _expire(self, deliveries: list[Delivery]) -> None:
+        expired = [d for d in deliveries if self.unacked.get(d.offset) is d]
+        for d in expired:
+            del self.unacked[d.offset]
+        if expired:
+            self.dispatcher.requeue(expired)
+            self.dispatcher.pump()
 
     def detach(self, queue: asyncio.Queue[Delivery | None]) -> None:
         """The stream on `queue` ended; its unacked messages go to the other consumers."""
         if self.queue is not queue:
             return  # taken over already
         self.queue = None
-        self.dispatcher.requeue([*_drain(queue), *self.unacked.values()])
+        self.dispatcher.requeue([*drain(queue), *self.unacked.values()])
         self.unacked.clear()
         self.dispatcher.pump()
 
@@ -131,7 +154,8 @@ class ConsumerHandle:
             queue.put_nowait(None)
 
 
-def _drain(queue: asyncio.Queue[Delivery | None]) -> list[Delivery]:
+def drain(queue: asyncio.Queue[Delivery | None]) -> list[Delivery]:
+    """Take everything waiting in a stream's queue (the end-of-stream marker is dropped)."""
     items = []
     while not queue.empty():
         item = queue.get_nowait()
@@ -217,7 +241,7 @@ class SubscriptionDispatcher:
         queue = handle.queue
         handle.end_stream()
         if queue is not None:
-            self.requeue(_drain(queue))
+            self.requeue(drain(queue))
         self.requeue(handle.unacked.values())
         handle.unacked.clear()
         self.pump()
@@ -344,17 +368,26 @@ class SubscriptionDispatcher:
             self.requeue([d])
             self.pump()
             return
-        loop = asyncio.get_running_loop()
-        handle: asyncio.TimerHandle | None = None
 
         def due() -> None:
-            if handle is not None:
-                self._timers.discard(handle)
             self.requeue([d])
             self.pump()
 
-        handle = loop.call_later(delay_seconds, due)
-        self._timers.add(handle)
+        self.schedule(delay_seconds, due)
+
+    def schedule(self, delay: float, fn: Callable[[], None]) -> None:
+        """Run `fn` after `delay` seconds, unless the subscription closes first."""
+        loop = asyncio.get_running_loop()
+        timer: asyncio.TimerHandle | None = None
+
+        def run() -> None:
+            if timer is not None:
+                self._timers.discard(timer)
+            if not self.closed:
+                fn()
+
+        timer = loop.call_later(delay, run)
+        self._timers.add(timer)
 
     def _advance(self) -> None:
         pending, acked = self._pending, self._acked

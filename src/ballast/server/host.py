@@ -26,7 +26,7 @@ from ballast.config import BallastConfig
 from ballast.metadata import MetadataStore
 from ballast.model import TopicLoad, TopicName, UnassignedMarker
 from ballast.server.directory import Directory
-from ballast.server.dispatch import ConsumerHandle
+from ballast.server.dispatch import ConsumerHandle, drain
 from ballast.server.metrics import DataPlaneMetrics
 from ballast.server.relay import ConsumerRelay
 from ballast.server.topics import (
@@ -60,6 +60,7 @@ NON_RELIABLE = "non_reliable"
 CONSUMER_IDLE_SECONDS = 30.0
 PRODUCER_IDLE_SECONDS = 60.0
 CLOSE_AFTER_HEALTH_SECONDS = 0.2
+RELAY_ACK_SECONDS = 3.0
 
 
 class DataPlaneHost:
@@ -96,6 +97,8 @@ class DataPlaneHost:
         self.consumers: dict[int, ConsumerHandle] = {}
         self._timers: set[asyncio.TimerHandle] = set()
         self._relays: dict[int, ConsumerRelay] = {}  # consumer id -> relay of a moved topic
+        self._failed_loads: dict[str, UnassignedMarker | None] = {}  # assigned, not opened
+        self._assigned: set[str] = set()  # what the broker asked us to serve
 
     def objects(self) -> ObjectStore:
         """The shared object store of reliable topics."""
@@ -107,8 +110,10 @@ class DataPlaneHost:
 
     async def load(self, topic: str, marker: UnassignedMarker | None) -> None:
         """Start serving `topic` (reliable topics open their storage first)."""
+        self._assigned.add(topic)
         if topic in self.topics:
             return
+        self._failed_loads.pop(topic, None)
         name = TopicName.parse(topic)
         meta = await self.directory.meta(name) or {}
         now = self.clock.now()
@@ -127,11 +132,18 @@ class DataPlaneHost:
             )
             try:
                 opened = await storage.open()
-            except Exception:
+            except Exception as exc:
                 self.counters.load_failures.inc()
-                log.exception(
-                    "%s: cannot open the storage of %s; not serving it", self.broker_id, topic
+                self._failed_loads[topic] = marker
+                log.error(
+                    "%s: cannot open the storage of %s (retrying every sweep): %s",
+                    self.broker_id,
+                    topic,
+                    exc,
                 )
+                return
+            if topic not in self._assigned:  # unloaded while a retry was opening it
+                await storage.close()
                 return
             log.info(
                 "%s: serving reliable %s from offset %d (%s)",
@@ -150,6 +162,8 @@ class DataPlaneHost:
 
     async def unload(self, topic: str) -> SealedState | None:
         """Stop serving `topic`: drop its producers, start the consumers' handshake, seal."""
+        self._failed_loads.pop(topic, None)
+        self._assigned.discard(topic)
         served = self.topics.pop(topic, None)
         if served is None:
             return None
@@ -199,8 +213,26 @@ class DataPlaneHost:
         self._update_gauges()
 
     def on_close_sent(self, handle: ConsumerHandle) -> None:
-        """A departing consumer was told CLOSE: end its stream just after."""
+        """A departing consumer was told CLOSE: send it nothing more, end its stream soon.
+
+        The client drops whatever reaches it after CLOSE, so what still waits in the
+        stream's queue is not sent: the new owner delivers it (it is unacked there, or
+        after the cursor). The stream ends just after, and the client re-subscribes.
+        """
+        if handle.close_sent:
+            return
+        handle.close_sent = True
+        if handle.queue is not None:
+            drain(handle.queue)
+        relay = self._relays.get(handle.id)
+        if relay is not None:
+            relay.end_stream()
         self._later(CLOSE_AFTER_HEALTH_SECONDS, self._forget_consumer, handle)
+
+    def _drop_relay(self, handle: ConsumerHandle) -> None:
+        relay = self._relays.pop(handle.id, None)
+        if relay is not None:
+            relay.stop()
 
     def relay_for(self, topic: str, subscription: str) -> ConsumerRelay | None:
         """A running relay of `subscription` of a topic that moved away, if any."""
@@ -210,9 +242,9 @@ class DataPlaneHost:
         return None
 
     def _forget_consumer(self, handle: ConsumerHandle) -> None:
-        relay = self._relays.pop(handle.id, None)
-        if relay is not None:
-            relay.stop()
+        if handle.id in self._relays:
+            # Acks of what the client received still pass on for a moment.
+            self._later(RELAY_ACK_SECONDS, self._drop_relay, handle)
         handle.end_stream()
         if self.consumers.get(handle.id) is handle:
             del self.consumers[handle.id]
@@ -253,10 +285,13 @@ class DataPlaneHost:
         self._update_gauges()
 
     async def sweep_forever(self, every: float = 5.0) -> None:
-        """Run `sweep` periodically (a task of the server)."""
+        """Run `sweep` periodically, and retry opening topics that failed (a server task)."""
         while True:
             await self.clock.sleep(every)
             self.sweep()
+            for topic, marker in list(self._failed_loads.items()):
+                if topic in self._assigned and topic not in self.topics:
+                    await self.load(topic, marker)
 
     async def close(self) -> None:
         """Unload every topic (sealing reliable ones); for owners without a BrokerNode."""
@@ -265,6 +300,11 @@ class DataPlaneHost:
                 await self.unload(topic)
             except Exception:
                 log.exception("%s: unloading %s failed", self.broker_id, topic)
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Cancel pending handshakes and relays (the server is stopping)."""
+        self._failed_loads.clear()
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()

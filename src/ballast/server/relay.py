@@ -53,6 +53,9 @@ class ConsumerRelay:
         self.stub: Any = None
         self.relayed = 0
         self.task: asyncio.Task[None] | None = None
+        self._call: Any = None
+        self._streaming = True
+        self._stopped = asyncio.Event()
 
     def start(self) -> None:
         """Run in the background (ends by itself; `stop` cancels it)."""
@@ -61,16 +64,27 @@ class ConsumerRelay:
         )
 
     def stop(self) -> None:
-        """Cancel the relay (the consumer's stream is over)."""
+        """End the relay and its connection (the handshake is over)."""
+        self._stopped.set()
         if self.task is not None and not self.task.done():
             self.task.cancel()
+
+    def end_stream(self) -> None:
+        """Stop feeding the client (it was told CLOSE); acks still pass on until `stop`.
+
+        Ending the relay's stream gives the new owner back what the relay held unacked;
+        the client's acks of what it did receive reach the new owner before it re-attaches.
+        """
+        self._streaming = False
+        if self._call is not None:
+            self._call.cancel()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.deadline_seconds
         name = TopicName.parse(self.topic)
         owner = None
-        while self.handle.connected and loop.time() < deadline:
+        while self._streaming and self.handle.connected and loop.time() < deadline:
             owner = await self.directory.owner(name)
             if owner is not None and owner.broker_id != self.broker_id:
                 break
@@ -97,25 +111,31 @@ class ConsumerRelay:
                         grpc.StatusCode.UNAVAILABLE,
                         grpc.StatusCode.DEADLINE_EXCEEDED,
                     )
-                    if not retry or not handle.connected or loop.time() > deadline:
+                    if not retry or not self._streaming or loop.time() > deadline:
                         log.debug("relay %s: subscribe failed: %s", self.topic, exc.details())
                         return
                     await asyncio.sleep(0.05)
+            if not self._streaming:
+                return
             self.stub = stub
-            call = stub.ReceiveMessages(pb.ReceiveRequest(consumer_id=reply.consumer_id))
+            self._call = stub.ReceiveMessages(pb.ReceiveRequest(consumer_id=reply.consumer_id))
             try:
-                async for message in call:
+                async for message in self._call:
                     queue = handle.queue
-                    if queue is None:
-                        return
+                    if queue is None or not self._streaming:
+                        break
                     offset = message.msg_id.topic_offset
                     queue.put_nowait(Delivery(offset, message, "", len(message.payload)))
                     self.relayed += 1
             except grpc.aio.AioRpcError as exc:
                 log.debug("relay %s: stream ended: %s", self.topic, exc.details())
+            except asyncio.CancelledError:
+                if self._stopped.is_set():
+                    raise
             finally:
-                self.stub = None
-                call.cancel()
+                self._call.cancel()
+            # Keep the connection for the acks of what the client received.
+            await self._stopped.wait()
 
     async def ack(self, request: Any) -> None:
         """Pass an ack on to the new owner (best effort: a lost ack means a redelivery)."""

@@ -93,6 +93,7 @@ class DataPlaneServer:
         if self._sweeper is not None:
             await cancel_and_wait(self._sweeper)
             self._sweeper = None
+        self.host.shutdown()
         server, self._server = self._server, None
         if server is not None:
             await server.stop(self.grace)

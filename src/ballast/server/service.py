@@ -317,7 +317,7 @@ class DataPlaneService(
         try:
             while True:
                 delivery = await queue.get()
-                if delivery is None:
+                if delivery is None or handle.close_sent:
                     return
                 counter.inc()
                 yield delivery.message

@@ -23,7 +23,13 @@ from ballast.model import TopicLoad
 from ballast.server.dispatch import ConsumerHandle, Delivery, SubscriptionDispatcher, new_id
 from ballast.server.errors import not_served
 from ballast.server.protocol import pb
-from ballast.storage import ReliableTopic, SealedState, TopicStateError, WalError
+from ballast.storage import (
+    ReliableTopic,
+    SealedState,
+    TopicFencedError,
+    TopicStateError,
+    WalError,
+)
 
 __all__ = [
     "NonReliableServedTopic",
@@ -305,13 +311,15 @@ class ReliableServedTopic(ServedTopic):
         for attempt in range(3):
             try:
                 return await self.storage.seal()
+            except TopicFencedError as exc:
+                # Another broker claimed the topic (we lost our session): nothing to seal.
+                log.warning("topic %s: not sealed: %s", self.name, exc)
+                return None
             except TopicStateError:
                 raise
-            except Exception as exc:  # object storage down, fenced, ...
+            except Exception as exc:  # object storage or metadata store unreachable
                 last_error = exc
                 log.warning("topic %s: seal attempt %d failed: %s", self.name, attempt + 1, exc)
-                if type(exc).__name__ == "TopicFencedError":
-                    return None
                 await asyncio.sleep(0.5)
         log.error("topic %s: could not seal (%s); closing unsealed", self.name, last_error)
         with contextlib.suppress(Exception):
