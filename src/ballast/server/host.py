@@ -173,7 +173,13 @@ class DataPlaneHost:
         for consumer in departing:
             consumer.closing = True
             self._later(self.settings.close_handshake_seconds, self._forget_consumer, consumer)
-        sealed = await served.leave()
+        try:
+            sealed = await served.leave()
+        except Exception:
+            # The broker must go on; without a seal the next owner continues after this
+            # owner's reservation (no offset is reused).
+            log.exception("%s: leaving %s failed", self.broker_id, topic)
+            sealed = None
         if self.settings.relay_moving_consumers:
             for consumer in departing:
                 if consumer.connected:

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import grpc
 
 from ballast.config import BallastConfig
-from ballast.metadata import keys
+from ballast.metadata import MetadataError, keys
 from ballast.model import InvalidTopicName, TopicName
 from ballast.server.directory import Owner, partition_index
 from ballast.server.errors import RpcFailure, bad_input, not_served
@@ -62,7 +62,18 @@ def _rpc(name: str) -> Callable[[Callable[..., Awaitable[T]]], Callable[..., Awa
         @functools.wraps(fn)
         async def handler(self: DataPlaneService, request: Any, context: Any) -> T:
             try:
-                return await fn(self, request, context)
+                try:
+                    return await fn(self, request, context)
+                except MetadataError as exc:
+                    # etcd unreachable or timing out: a retry may well succeed.
+                    raise not_served(f"metadata store unavailable: {exc}", "metadata") from None
+                except (RpcFailure, asyncio.CancelledError):
+                    raise
+                except Exception as exc:
+                    log.exception("%s: %s failed", self.broker_id, name)
+                    raise RpcFailure(
+                        grpc.StatusCode.INTERNAL, f"{name} failed: {exc}", "internal"
+                    ) from None
             except RpcFailure as failure:
                 self.host.counters.reject(name, failure.reason)
                 level = (
