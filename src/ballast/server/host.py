@@ -103,7 +103,10 @@ class DataPlaneHost:
     def objects(self) -> ObjectStore:
         """The shared object store of reliable topics."""
         if self._objects is None:
-            self._objects = FsspecObjectStore(self.config.storage.object_store_url())
+            storage = self.config.storage
+            self._objects = FsspecObjectStore(
+                storage.object_store_url(), dict(storage.object_store_options)
+            )
         return self._objects
 
     # -- TopicHost -------------------------------------------------------------------------
