@@ -4,12 +4,23 @@ real client follow the topic to its new owner by themselves, offsets continue.""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
+from moto.server import ThreadedMotoServer
 
 from ballast.cluster import AdminClient
-from tests.server.helpers import DataCluster, DispatchStrategy, SubType, new_client, wait_until
+from ballast.metadata.etcd import EtcdStore
+from tests.server.helpers import (
+    DataCluster,
+    DispatchStrategy,
+    SubType,
+    data_config,
+    new_client,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -144,3 +155,54 @@ async def test_a_moving_consumer_is_relayed_without_waiting_for_its_health_check
     await consumer.close()
     await producer.close()
     await direct.close()
+
+
+async def test_a_reliable_topic_on_s3_moves_and_replays_from_the_objects(
+    etcd_store: EtcdStore, tmp_path: Path
+) -> None:
+    """Objects in s3:// (moto's S3 server): the new owner replays what the old one sealed."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        boto3.client(
+            "s3", endpoint_url=endpoint, region_name="us-east-1",
+            aws_access_key_id="testing", aws_secret_access_key="testing",
+        ).create_bucket(Bucket="ballast-dataplane")  # fmt: skip
+        base = data_config(tmp_path)
+        options = {
+            "key": "testing",
+            "secret": "testing",
+            "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+            "skip_instance_cache": True,
+        }
+        storage = base.storage.model_copy(
+            update={"object_store": "s3://ballast-dataplane/t", "object_store_options": options}
+        )
+        async with DataCluster(etcd_store, base.model_copy(update={"storage": storage})) as c:
+            await c.start_broker("s1")
+            await c.start_broker("s2")
+            client = await new_client(c.brokers["s1"].url)
+            producer = await reliable_producer(client, "/default/s3")
+            consumer = await exclusive_consumer(client, "/default/s3")
+            queue = await consumer.receive()
+            for i in range(5):
+                await producer.send(f"{i}".encode())
+            first = [await asyncio.wait_for(queue.get(), 10) for _ in range(5)]
+            await consumer.ack(first[0])
+            source = c.owner("/default/s3")
+            await AdminClient(c.store).unload_topic("/default/s3")
+            await producer.send(b"5")
+            after = []
+            for _ in range(5):  # 1..4 again from the objects on S3, then 5
+                after.append(await asyncio.wait_for(queue.get(), 20))
+                await consumer.ack(after[-1])
+            assert [m.msg_id.topic_offset for m in after] == [1, 2, 3, 4, 5]
+            target = c.owner("/default/s3")
+            assert target is not None and target is not source
+            assert source is not None and source.host.stats.objects_uploaded >= 1
+            await consumer.close()
+            await producer.close()
+    finally:
+        server.stop()
