@@ -260,12 +260,19 @@ async def moves(store: EtcdStore, url: str, count: int) -> dict[str, Any]:
     received: set[int] = set()
     stop = asyncio.Event()
 
+    send_errors: list[str] = []
+
     async def produce() -> None:
         i = 0
         while not stop.is_set():
-            await producer.send(str(i).encode())
-            acked.add(i)
-            sent_at.append(time.perf_counter())
+            try:
+                await producer.send(str(i).encode())
+            except grpc.aio.AioRpcError as exc:  # reaches the app: not acknowledged
+                send_errors.append(f"{exc.code().name}: {exc.details()}")
+                await asyncio.sleep(0.5)
+            else:
+                acked.add(i)
+                sent_at.append(time.perf_counter())
             i += 1
             await asyncio.sleep(0.01)
 
@@ -284,24 +291,31 @@ async def moves(store: EtcdStore, url: str, count: int) -> dict[str, Any]:
     producer_pauses: list[float] = []
     consumer_pauses: list[float] = []
     await asyncio.sleep(1.0)
+    timeouts = 0
     for _ in range(count):
         view = await admin.view()
         owner = view.owner(topic)
-        assert owner is not None
+        if owner is None:
+            await asyncio.sleep(1.0)
+            continue
         t0 = time.perf_counter()
         await admin.unload_topic(topic)
         # Wait until both sides made progress on the new owner.
-        async with asyncio.timeout(60):
-            while True:
-                await asyncio.sleep(0.05)
-                new = (await admin.view()).owner(topic)
-                if new is not None and new != owner:
-                    break
-            t_assigned = time.perf_counter()
-            while not (
-                any(t > t_assigned for t in sent_at) and any(t > t_assigned for t in received_at)
-            ):
-                await asyncio.sleep(0.05)
+        try:
+            async with asyncio.timeout(60):
+                while True:
+                    await asyncio.sleep(0.05)
+                    new = (await admin.view()).owner(topic)
+                    if new is not None and new != owner:
+                        break
+                t_assigned = time.perf_counter()
+                while not (
+                    any(t > t_assigned for t in sent_at)
+                    and any(t > t_assigned for t in received_at)
+                ):
+                    await asyncio.sleep(0.05)
+        except TimeoutError:
+            timeouts += 1
         await asyncio.sleep(0.5)
         producer_pauses.append(longest_gap(sent_at, t0))
         consumer_pauses.append(longest_gap(received_at, t0))
@@ -327,6 +341,9 @@ async def moves(store: EtcdStore, url: str, count: int) -> dict[str, Any]:
         "consumer_pause": summary(consumer_pauses),
         "acknowledged_sends": len(acked),
         "lost": len(acked - received),
+        "send_errors": len(send_errors),
+        "first_send_errors": send_errors[:3],
+        "moves_timed_out": timeouts,
     }
 
 
@@ -372,6 +389,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     out["moves"] = await moves(store, url, args.moves)
     finally:
         await procs.close()
+    out["load_average"] = [round(x, 1) for x in os.getloadavg()]  # a shared machine
     ceiling = out["ceiling_msg_per_s"]["32"]
     out["goals_32_producers"] = {
         "non_reliable_share_of_ceiling": round(out["non_reliable"]["32"]["msg_per_s"] / ceiling, 3),
