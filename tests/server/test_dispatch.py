@@ -124,3 +124,15 @@ async def test_after_a_takeover_sent_messages_get_a_grace_before_redelivery(
     sub.ack(2)
     await asyncio.sleep(0.1)
     assert offsets(second) == [0]  # sent but never acked: after the grace
+
+
+async def test_key_shared_a_key_without_a_consumer_holds_back_only_that_key() -> None:
+    sub = reliable("key_shared")
+    eu = sub.join("eu", "key_shared", ("eu-*",), 0.0)
+    q = eu.attach()
+    for i, key in enumerate(["asia-1", "eu-1", "asia-1", "eu-2"]):
+        sub.offer(d(i, key))
+    assert offsets(q) == [1, 3]  # asia waits for a consumer that accepts it
+    asia = sub.join("asia", "key_shared", ("asia-*",), 0.0)
+    qa = asia.attach()
+    assert offsets(qa) == [0, 2]

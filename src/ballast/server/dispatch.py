@@ -328,11 +328,33 @@ class SubscriptionDispatcher:
                     continue
                 c = self._choose(d, candidates)
                 if c is None:
+                    if self.sub_type == "key_shared":
+                        self._pump_other_keys(source, candidates)
                     break
                 source.popleft()
                 self._give(c, d)
         if len(self._fresh) < self.buffer:
             self._space.set()
+
+    def _pump_other_keys(self, source: deque[Delivery], candidates: list[ConsumerHandle]) -> None:
+        """KeyShared: a key whose consumer is full (or absent) holds back only that key.
+
+        Order is kept per key: once a message of a key waits, every later message of that
+        key waits behind it.
+        """
+        blocked: set[str] = set()
+        kept: deque[Delivery] = deque()
+        for d in source:
+            if self.reliable and d.offset in self._acked:
+                continue
+            c = None if d.key in blocked else self._choose(d, candidates)
+            if c is None:
+                blocked.add(d.key)
+                kept.append(d)
+            else:
+                self._give(c, d)
+        source.clear()
+        source.extend(kept)
 
     def _give(self, c: ConsumerHandle, d: Delivery) -> None:
         assert c.queue is not None
