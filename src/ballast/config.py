@@ -229,6 +229,41 @@ class HistoryConfig(_Strict):
     directory: str = "./load-history"
 
 
+# -- the data plane: the client protocol and reliable-topic storage -------------------------
+
+MiB = 1024 * 1024
+
+
+class DataPlaneConfig(_Strict):
+    """`data_plane`: the client-facing gRPC services a broker serves on `broker.broker_url`."""
+
+    enabled: bool = True
+    # Below the client's 4 MiB receive limit, with room for the delivered message's fields.
+    max_payload_bytes: int = Field(4 * MiB - 64 * 1024, gt=0, le=4 * MiB - 1024)
+    unacked_window: int = Field(1000, gt=0)  # delivered, not yet acked, per consumer
+    lookup_wait_seconds: float = Field(3.0, ge=0)  # a lookup waits this long for an owner
+    close_handshake_seconds: float = Field(6.0, gt=0)  # a moving consumer's stream lives on
+    relay_moving_consumers: bool = True  # feed that stream from the new owner meanwhile
+    non_reliable_queue: int = Field(10_000, gt=0)  # per subscription; older messages drop
+    auto_create_topics: bool = True
+
+
+class StorageSettings(_Strict):
+    """`storage`: where reliable topics keep their WAL (local) and objects (shared)."""
+
+    data_dir: str = "./ballast-data"  # the WAL goes to {data_dir}/wal/{broker_id}
+    object_store: str = ""  # a directory or s3://bucket/prefix; default {data_dir}/objects
+    # fsspec options, e.g. {key, secret, client_kwargs: {endpoint_url: ...}} for s3.
+    object_store_options: dict[str, Any] = Field(default_factory=dict)
+    fsync_policy: str = Field("batch", pattern="^(batch|interval|never)$")
+    upload_interval_seconds: float = Field(30.0, gt=0)
+    cursor_flush_seconds: float = Field(5.0, gt=0)
+
+    def object_store_url(self) -> str:
+        """The object store URL (the default shares `data_dir` between local brokers)."""
+        return self.object_store or str(Path(self.data_dir) / "objects")
+
+
 class BallastConfig(_Strict):
     """The whole broker configuration file."""
 
@@ -236,6 +271,8 @@ class BallastConfig(_Strict):
     broker: BrokerConfig = BrokerConfig()
     metrics: MetricsConfig = MetricsConfig()
     history: HistoryConfig = HistoryConfig()
+    data_plane: DataPlaneConfig = DataPlaneConfig()
+    storage: StorageSettings = StorageSettings()
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

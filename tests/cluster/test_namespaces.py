@@ -38,7 +38,7 @@ async def test_create_list_split_and_errors() -> None:
     ns = await seeded()
     layout = await ns.create("orders", 4)
     assert len(layout) == 4
-    with pytest.raises(AdminError, match="namespace 'orders' already has bundles"):
+    with pytest.raises(AdminError, match="namespace 'orders' already exists"):
         await ns.create("orders", 8)
     with pytest.raises(AdminError, match="--bundles 0: invalid number of bundles 0"):
         await ns.create("other", 0)

@@ -95,7 +95,11 @@ async def setup(
                     "load_report_interval_seconds": 0.3,
                     "assignment_strategy": "fair",
                 },
-                "broker": {"registration_ttl_seconds": TTL, "leader_ttl_seconds": TTL},
+                "broker": {
+                    "registration_ttl_seconds": TTL,
+                    "leader_ttl_seconds": TTL,
+                    "broker_url": "127.0.0.1:0",
+                },
                 "history": {"enabled": False},
                 "metrics": {"enabled": False},
             }
@@ -169,7 +173,11 @@ async def test_broker_command_serves_and_leaves_gracefully_on_sigterm(
     config.write_text(
         yaml.safe_dump(
             {
-                "broker": {"registration_ttl_seconds": 30, "leader_ttl_seconds": 30},
+                "broker": {
+                    "registration_ttl_seconds": 30,
+                    "leader_ttl_seconds": 30,
+                    "broker_url": "127.0.0.1:0",
+                },
                 "history": {"enabled": False},
                 "metrics": {"enabled": False},
             }

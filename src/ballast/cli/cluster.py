@@ -161,13 +161,21 @@ def topics_create(
     hint: Annotated[
         str | None, typer.Option("--hint", help="Preferred broker (honoured if active).")
     ] = None,
+    partitions: Annotated[
+        int, typer.Option("--partitions", min=0, help="Create TOPIC-part-0..N-1 instead.")
+    ] = 0,
+    reliable: Annotated[
+        bool, typer.Option("--reliable", help="Reliable topics (stored, survive moves).")
+    ] = False,
     etcd: EtcdOption = DEFAULT_ETCD,
     as_json: JsonOption = False,
 ) -> None:
-    """Create topics; the leader places each on a broker."""
+    """Create topics (or partitioned topics); the leader places each on a broker."""
+    meta = {"dispatch_strategy": "reliable" if reliable else "non_reliable"}
+    names = [f"{t}-part-{i}" for t in topics for i in range(partitions)] if partitions else topics
 
     async def create(admin: AdminClient) -> list[str]:
-        return [await admin.create_topic(t, hint=hint) for t in topics]
+        return [await admin.create_topic(t, hint=hint, meta=meta) for t in names]
 
     created = _run_admin(etcd, None, create)
     if as_json:
@@ -358,21 +366,38 @@ def register(app: typer.Typer) -> None:
         config: Annotated[Path | None, typer.Option("--config", help="Broker YAML.")] = None,
         broker_id: Annotated[str | None, typer.Option("--id", help="Broker id.")] = None,
         profiles: Annotated[
-            str, typer.Option("--profiles", help="Synthetic traffic: idle or mixed.")
-        ] = "idle",
+            str | None,
+            typer.Option(
+                "--profiles", help="Synthetic topics (idle or mixed) instead of the data plane."
+            ),
+        ] = None,
+        broker_url: Annotated[
+            str | None,
+            typer.Option("--broker-url", help="host:port for clients (port 0: a free port)."),
+        ] = None,
+        metrics_port: Annotated[
+            int | None, typer.Option("--metrics-port", help="Prometheus port (0: none).")
+        ] = None,
     ) -> None:
-        """Run one broker until SIGINT/SIGTERM."""
+        """Run one broker until SIGINT/SIGTERM; clients connect on its broker_url."""
         from ballast.cluster.run import PROFILES, serve
 
-        if profiles not in PROFILES:
+        if profiles is not None and profiles not in PROFILES:
             raise _fail(f"--profiles {profiles!r}: use one of {', '.join(sorted(PROFILES))}", 2)
         try:
             cfg = load_config(config)
         except ConfigError as exc:
             raise _fail(str(exc), 2) from None
+        if broker_url is not None:
+            cfg = cfg.model_copy(
+                update={"broker": cfg.broker.model_copy(update={"broker_url": broker_url})}
+            )
+        if metrics_port is not None:
+            metrics = {"enabled": metrics_port > 0, "port": metrics_port}
+            cfg = cfg.model_copy(update={"metrics": cfg.metrics.model_copy(update=metrics)})
         try:
             asyncio.run(serve(etcd, cfg, broker_id, profiles=profiles))
-        except (ValueError, MetadataError) as exc:
+        except (ValueError, OSError, MetadataError) as exc:
             raise _fail(str(exc), 2) from None
 
     app.add_typer(admin_app, name="admin")

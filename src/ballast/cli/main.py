@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ballast.cli import cluster, namespaces, pipeline, simulate
+from ballast.cli import cluster, data, namespaces, pipeline, simulate
 
 app = typer.Typer(
     name="ballast",
@@ -13,7 +13,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 cluster.register(app)
-namespaces.register(cluster.admin_app)  # Pulsar's bundles, anti-affinity, domains
+namespaces.register(cluster.admin_app)  # namespaces, bundles, anti-affinity, domains
+data.register(app)
 simulate.register(app)
 pipeline.register(app)
 

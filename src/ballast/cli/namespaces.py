@@ -1,5 +1,10 @@
-"""`ballast admin namespaces …` (Pulsar's bundles and anti-affinity groups) and
-`ballast admin clusters failure-domain …`: thin wrappers over `ballast.cluster.namespaces`."""
+"""`ballast admin namespaces …` and `ballast admin clusters failure-domain …`.
+
+A namespace is the first part of a topic name (``/{namespace}/{topic}``); ``default`` exists
+from the start (every broker creates it) and producers can only create topics in a namespace
+that exists. Each namespace's hash range is cut into Pulsar's bundles; namespaces can join an
+anti-affinity group; brokers belong to failure domains. Thin wrappers over
+`ballast.cluster.namespaces`."""
 
 from __future__ import annotations
 
@@ -19,11 +24,12 @@ from ballast.cli.cluster import (
     _emit,
     _fail,
     _run_admin,
+    _when,
 )
 from ballast.cluster.namespaces import NamespaceAdmin
 
 namespaces_app = typer.Typer(
-    help="Namespace bundles (Pulsar): create, list, split, unload; anti-affinity groups.",
+    help="Namespaces: create, list, delete; their bundles (split, unload); anti-affinity.",
     no_args_is_help=True,
 )
 clusters_app = typer.Typer(
@@ -50,14 +56,44 @@ def ns_create(
     etcd: EtcdOption = DEFAULT_ETCD,
     as_json: JsonOption = False,
 ) -> None:
-    """Create a namespace's bundles: its hash range cut into N equal parts."""
+    """Create a namespace; its hash range is cut into N equal bundles."""
     layout = _run_admin(etcd, config, lambda a: NamespaceAdmin(a).create(namespace, bundles))
     if as_json:
-        _emit({"namespace": namespace, "bundles": list(layout.names())})
+        _emit({"created": namespace, "bundles": list(layout.names())})
         return
     _console().print(f"{namespace}: {len(layout)} bundle(s)")
     for name in layout.names():
         _console().print(f"  {name}")
+
+
+@namespaces_app.command("list")
+def ns_list(etcd: EtcdOption = DEFAULT_ETCD, as_json: JsonOption = False) -> None:
+    """Namespaces with their creation time and topic count."""
+    rows = _run_admin(etcd, None, lambda a: NamespaceAdmin(a).list_namespaces())
+    if as_json:
+        _emit(rows)
+        return
+    table = Table("namespace", "topics", "created", title=f"{len(rows)} namespaces")
+    for row in rows:
+        created = row["created_at"]
+        table.add_row(
+            escape(str(row["namespace"])),
+            str(row["topics"]),
+            _when(created) if isinstance(created, int | float) else "-",
+        )
+    _console().print(table)
+
+
+@namespaces_app.command("delete")
+def ns_delete(
+    namespace: NamespaceArg, etcd: EtcdOption = DEFAULT_ETCD, as_json: JsonOption = False
+) -> None:
+    """Delete an empty namespace (with its bundles and anti-affinity group)."""
+    deleted = _run_admin(etcd, None, lambda a: NamespaceAdmin(a).delete_namespace(namespace))
+    if as_json:
+        _emit({"deleted": deleted})
+    else:
+        _console().print(f"deleted namespace {deleted}")
 
 
 @namespaces_app.command("bundles")

@@ -23,7 +23,7 @@ from ballast.balance.shedding import default_layouts, with_bundles
 from ballast.cluster.admin import AdminClient, AdminError
 from ballast.cluster.view import ClusterView
 from ballast.config import PlacementUnit, SplitAlgorithm
-from ballast.metadata import Compare, Put, keys
+from ballast.metadata import Compare, Delete, Put, keys
 from ballast.model import BrokerId, ClusterSnapshot, ModelError, TopicName, validate_broker_id
 
 
@@ -199,20 +199,62 @@ class NamespaceAdmin:
     # -- writing -------------------------------------------------------------------------
 
     async def create(self, ns: str, bundles: int | None = None) -> NamespaceBundles:
-        """Store a namespace's bundles (`bundles`, else `default_number_of_namespace_bundles`)."""
+        """Create a namespace with its bundles (`bundles`, else
+        `default_number_of_namespace_bundles`), in one transaction."""
         n = bundles if bundles is not None else self.pulsar.default_number_of_namespace_bundles
         try:
             layout = NamespaceBundles.create(_namespace(ns), n)
         except BundleError as exc:
             raise AdminError(f"--bundles {n}: {exc}") from None
-        key = keys.namespace_bundles(ns)
-        result = await self.store.txn([Compare.absent(key)], [Put(key, layout.to_dict())])
+        ns_key, bundles_key = keys.namespace(ns), keys.namespace_bundles(ns)
+        result = await self.store.txn(
+            [Compare.absent(ns_key), Compare.absent(bundles_key)],
+            [
+                Put(ns_key, {"created_at": self.admin.clock.now()}),
+                Put(bundles_key, layout.to_dict()),
+            ],
+        )
         if not result.succeeded:
             raise AdminError(
-                f"namespace {ns!r} already has bundles (see `namespaces bundles {ns}`); "
-                "split them instead"
+                f"namespace {ns!r} already exists (see `namespaces bundles {ns}`); "
+                "split its bundles instead"
             )
         return layout
+
+    async def list_namespaces(self) -> list[dict[str, Any]]:
+        """Every namespace with its creation time and topic count."""
+        listing = await self.store.get_prefix(keys.NAMESPACES_PREFIX)
+        topics = await self.store.get_prefix(keys.TOPICS_PREFIX)
+        counts: dict[str, int] = {}
+        for kv in topics.items:
+            parts = kv.key[len(keys.TOPICS_PREFIX) :].split("/")
+            if len(parts) == 3 and parts[2] == "meta":
+                counts[parts[0]] = counts.get(parts[0], 0) + 1
+        out: list[dict[str, Any]] = []
+        for kv in listing.items:
+            try:
+                name = keys.parse_namespace_key(kv.key)
+            except ValueError:
+                continue  # a foreign key is skipped, never fatal
+            created = kv.value.get("created_at") if isinstance(kv.value, dict) else None
+            out.append({"namespace": name, "created_at": created, "topics": counts.get(name, 0)})
+        return out
+
+    async def delete_namespace(self, ns: str) -> str:
+        """Delete an empty namespace with its bundles and anti-affinity group."""
+        key = keys.namespace(_namespace(ns))
+        if await self.store.get(key) is None:
+            raise AdminError(f"namespace {ns!r} does not exist")
+        topics = await self.store.get_prefix(keys.namespace_topics_prefix(ns))
+        if topics.items:
+            raise AdminError(f"namespace {ns!r} still has topics; delete or move them first")
+        result = await self.store.txn(
+            [Compare.present(key)],
+            [Delete(key), Delete(keys.namespace_bundles(ns)), Delete(keys.anti_affinity_group(ns))],
+        )
+        if not result.succeeded:
+            raise AdminError(f"namespace {ns!r} was deleted meanwhile")
+        return ns
 
     async def split(
         self,

@@ -2,7 +2,9 @@
 
 The same `serve` backs ``ballast broker``. It serves until SIGINT or SIGTERM, then leaves
 gracefully (topics sealed, leadership handed over, leases revoked). Topics are served by
-a `SyntheticHost` (the reliable-topic host plugs in through the same `TopicHost` protocol).
+the data plane (`ballast.server`: Danube's client protocol on `broker.broker_url`, port 0
+picks a free port and the registration carries the real address), or, with
+``--profiles idle|mixed``, by a `SyntheticHost` whose traffic is simulated.
 """
 
 from __future__ import annotations
@@ -17,10 +19,20 @@ from collections.abc import Callable
 
 from ballast.clock import SystemClock
 from ballast.cluster.cluster import build_broker
-from ballast.cluster.host import HostSampler, SyntheticHost, idle_profiles, mixed_profiles
+from ballast.cluster.host import (
+    HostSampler,
+    SyntheticHost,
+    TopicHost,
+    idle_profiles,
+    mixed_profiles,
+)
+from ballast.cluster.metrics import ClusterMetrics
 from ballast.config import BallastConfig, load_config
 from ballast.metadata.factory import open_store
 from ballast.model import BrokerId, validate_broker_id
+from ballast.server import DataPlaneHost, DataPlaneServer
+from ballast.server.directory import DEFAULT_NAMESPACE
+from ballast.server.metrics import DataPlaneMetrics
 
 log = logging.getLogger(__name__)
 
@@ -40,38 +52,68 @@ async def serve(
     config: BallastConfig,
     broker_id: BrokerId | None = None,
     *,
-    profiles: str = "idle",
+    profiles: str | None = None,
     synthetic_resources: bool = False,
     on_started: Callable[[BrokerId], None] | None = None,
 ) -> None:
-    """Serve one broker until SIGINT/SIGTERM."""
+    """Serve one broker until SIGINT/SIGTERM (synthetic topics when `profiles` is given)."""
     broker_id = validate_broker_id(broker_id) if broker_id else default_broker_id(config)
     clock = SystemClock()
     store = open_store(etcd, clock)
     async with store:
-        host = SyntheticHost(broker_id, clock, PROFILES[profiles])
-        history_dir = config.history.directory if config.history.enabled else None
-        process = build_broker(
-            store,
-            clock,
-            config,
-            broker_id,
-            host,
-            sampler=HostSampler(host) if synthetic_resources else None,
-            history_dir=history_dir,
-        )
+        metrics = ClusterMetrics(broker_id)
         if config.metrics.enabled:
-            process.metrics.serve(config.metrics.host, config.metrics.port)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, process.stop.set)
-        runner = asyncio.ensure_future(process.run())
-        started = asyncio.ensure_future(process.started.wait())
-        await asyncio.wait({runner, started}, return_when=asyncio.FIRST_COMPLETED)
-        if process.started.is_set() and on_started is not None:
-            on_started(broker_id)
-        started.cancel()
-        await runner
+            try:
+                metrics.serve(config.metrics.host, config.metrics.port)
+            except OSError as exc:
+                raise OSError(
+                    f"metrics endpoint {config.metrics.host}:{config.metrics.port}: "
+                    f"{exc.strerror} (set metrics.port, or metrics.enabled: false)"
+                ) from None
+        host: TopicHost
+        server: DataPlaneServer | None = None
+        sampler = None
+        try:
+            if profiles is not None or not config.data_plane.enabled:
+                synthetic = SyntheticHost(broker_id, clock, PROFILES[profiles or "idle"])
+                sampler = HostSampler(synthetic) if synthetic_resources else None
+                host = synthetic
+            else:
+                data_host = DataPlaneHost(
+                    broker_id, store, clock, config, metrics=DataPlaneMetrics(metrics.registry)
+                )
+                server = DataPlaneServer(data_host, config, config.broker.broker_url)
+                url = await server.start()
+                # Register the real address (a port 0 in the configuration is now bound).
+                config = config.model_copy(
+                    update={"broker": config.broker.model_copy(update={"broker_url": url})}
+                )
+                await data_host.directory.ensure_namespace(DEFAULT_NAMESPACE)
+                host = data_host
+            history_dir = config.history.directory if config.history.enabled else None
+            process = build_broker(
+                store,
+                clock,
+                config,
+                broker_id,
+                host,
+                sampler=sampler,
+                history_dir=history_dir,
+                metrics=metrics,
+            )
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, process.stop.set)
+            runner = asyncio.ensure_future(process.run())
+            started = asyncio.ensure_future(process.started.wait())
+            await asyncio.wait({runner, started}, return_when=asyncio.FIRST_COMPLETED)
+            if process.started.is_set() and on_started is not None:
+                on_started(broker_id)
+            started.cancel()
+            await runner
+        finally:
+            if server is not None:
+                await server.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,14 +122,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--etcd", default=None, help="etcd endpoints (default: embedded memory)")
     parser.add_argument("--config", default=None, help="broker YAML configuration")
     parser.add_argument("--id", default=None, help="broker id (default: broker.id or host-pid)")
-    parser.add_argument("--profiles", choices=sorted(PROFILES), default="idle")
+    parser.add_argument(
+        "--profiles", choices=sorted(PROFILES), default=None, help="synthetic topics instead"
+    )
     parser.add_argument("--synthetic-resources", action="store_true")
+    parser.add_argument("--broker-url", default=None, help="host:port (port 0: a free port)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     config = load_config(args.config)
+    if args.broker_url:
+        config = config.model_copy(
+            update={"broker": config.broker.model_copy(update={"broker_url": args.broker_url})}
+        )
 
     def started(broker_id: BrokerId) -> None:
         # Tests wait for this line before they start killing things.

@@ -23,6 +23,7 @@ a foreign key instead of crashing.
 | `namespace_bundles(ns)` | ``/cluster/bundles/{ns}`` (Pulsar's bundle boundaries) |
 | `anti_affinity_group(ns)` | ``/cluster/anti_affinity/{ns}`` (`{group}`) |
 | `failure_domain(d)` | ``/cluster/failure_domains/{d}`` (`{brokers: [...]}`) |
+| `namespace(ns)` | ``/namespaces/{ns}`` |
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ __all__ = [
     "LEADER",
     "LOAD_BALANCE",
     "LOAD_PREFIX",
+    "NAMESPACES_PREFIX",
     "REGISTER_PREFIX",
     "STORAGE_PREFIX",
     "TOPICS_PREFIX",
@@ -55,7 +57,9 @@ __all__ = [
     "broker_state",
     "failure_domain",
     "load",
+    "namespace",
     "namespace_bundles",
+    "namespace_topics_prefix",
     "parse_anti_affinity_key",
     "parse_assignment_key",
     "parse_broker_state_key",
@@ -63,6 +67,7 @@ __all__ = [
     "parse_failure_domain_key",
     "parse_history_key",
     "parse_load_key",
+    "parse_namespace_key",
     "parse_register_key",
     "parse_storage_object_key",
     "parse_subscription_cursor_key",
@@ -96,6 +101,7 @@ STORAGE_PREFIX = "/storage/topics/"
 BUNDLES_PREFIX = "/cluster/bundles/"
 ANTI_AFFINITY_PREFIX = "/cluster/anti_affinity/"
 FAILURE_DOMAINS_PREFIX = "/cluster/failure_domains/"
+NAMESPACES_PREFIX = "/namespaces/"
 
 # Widths chosen so that lexicographic key order equals numeric order: 15 digits of
 # milliseconds reach year 33658; 20 digits hold any unsigned 64-bit offset.
@@ -344,16 +350,40 @@ def storage_state(topic: TopicLike) -> str:
     return f"{storage_topic_prefix(topic)}state"
 
 
-# -- Pulsar's namespace bundles, anti-affinity groups, failure domains ----------------------
+# -- namespaces ----------------------------------------------------------------------------
 
 
 def _namespace(namespace: str) -> str:
-    if not isinstance(namespace, str) or not _SUBSCRIPTION_RE.match(namespace):
+    # A namespace is the first part of a topic name: validated by the same rule.
+    try:
+        return TopicName(namespace, "t").namespace
+    except ModelError:
         raise ValueError(
             f"invalid namespace {namespace!r}: must be 1-128 characters of letters, digits, "
             "'_', '.', '-' and start with a letter or digit"
-        )
-    return namespace
+        ) from None
+
+
+def namespace(name: str) -> str:
+    """Key of a namespace (its existence; value ``{created_at}``)."""
+    return f"{NAMESPACES_PREFIX}{_namespace(name)}"
+
+
+def parse_namespace_key(key: str) -> str:
+    """Namespace of a namespace key."""
+    (name,) = _segments(key, NAMESPACES_PREFIX, 1, "a namespace")
+    try:
+        return _namespace(name)
+    except ValueError as exc:
+        raise KeyLayoutError(f"{key!r} is not a namespace key: {exc}") from None
+
+
+def namespace_topics_prefix(name: str) -> str:
+    """Prefix of the metadata of every topic in a namespace."""
+    return f"{TOPICS_PREFIX}{_namespace(name)}/"
+
+
+# -- Pulsar's namespace bundles, anti-affinity groups, failure domains ----------------------
 
 
 def _domain(domain: str) -> str:

@@ -1,0 +1,416 @@
+"""Data-plane benchmark: the real `danube-client` against real broker processes over loopback.
+
+- throughput: 1, 8 and 32 concurrent producers (one `Producer` each, sequential sends,
+  1 KiB payloads) to one topic, non-reliable and reliable (fsync per batch), on one
+  broker process; messages/s and produce latency p50/p99;
+- ceiling: the same client against a gRPC server (its own process) that answers
+  SendMessage without doing anything;
+- end-to-end latency: one producer at a steady rate, one consumer, p50/p99 from send to
+  receipt (both ends in this process, one clock);
+- moves: a live reliable topic moved `--moves` times between two broker processes while a
+  producer and a consumer run; per move, the longest pause each side sees (p50/p99/max),
+  and whether every acknowledged send was consumed.
+
+Client and brokers share the machine. Prints one JSON document.
+
+    .venv/bin/python benchmarks/bench_dataplane.py [--duration 3] [--moves 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+from danube import DanubeClientBuilder, DispatchStrategy, SubType
+from danube.proto import DanubeApi_pb2 as pb
+from danube.proto import DanubeApi_pb2_grpc as pb_grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ballast.cluster import AdminClient
+from ballast.metadata import keys
+from ballast.metadata.etcd import EtcdStore
+from tests.etcd_fixtures import EtcdServer, free_port
+
+PAYLOAD = b"x" * 1024
+COUNTS = (1, 8, 32)
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) of `values` (nearest rank); 0 when empty."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# -- the no-op server (the ceiling) --------------------------------------------------------
+
+
+class NoopServer(pb_grpc.DiscoveryServicer, pb_grpc.ProducerServiceServicer,
+                 pb_grpc.HealthCheckServicer):  # fmt: skip
+    """Answers every call the producer makes, doing nothing else."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    async def TopicLookup(self, request: Any, context: Any) -> Any:
+        return pb.TopicLookupResponse(
+            request_id=request.request_id,
+            response_type=pb.TopicLookupResponse.Connect,
+            connect_url=self.url,
+            broker_url=self.url,
+        )
+
+    async def CreateProducer(self, request: Any, context: Any) -> Any:
+        return pb.ProducerResponse(request_id=request.request_id, producer_id=1)
+
+    async def SendMessage(self, request: Any, context: Any) -> Any:
+        return pb.MessageResponse(request_id=request.request_id)
+
+    async def HealthCheck(self, request: Any, context: Any) -> Any:
+        return pb.HealthCheckResponse(status=pb.HealthCheckResponse.OK)
+
+
+async def run_noop_server(port: int) -> None:
+    url = f"127.0.0.1:{port}"
+    server = grpc.aio.server()
+    service = NoopServer(url)
+    pb_grpc.add_DiscoveryServicer_to_server(service, server)
+    pb_grpc.add_ProducerServiceServicer_to_server(service, server)
+    pb_grpc.add_HealthCheckServicer_to_server(service, server)
+    server.add_insecure_port(url)
+    await server.start()
+    print("NOOP-STARTED", flush=True)
+    await server.wait_for_termination()
+
+
+# -- processes -----------------------------------------------------------------------------
+
+
+class Procs:
+    """Child processes of the benchmark (terminated at the end)."""
+
+    def __init__(self) -> None:
+        self.procs: list[asyncio.subprocess.Process] = []
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    async def start(self, args: list[str], ready: str) -> asyncio.subprocess.Process:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, *args, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL, env=self.env,
+        )  # fmt: skip
+        self.procs.append(proc)
+        assert proc.stdout is not None
+        async with asyncio.timeout(60):
+            while True:
+                line = await proc.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"{args} exited before starting")
+                if line.decode().strip().startswith(ready):
+                    return proc
+
+    async def close(self) -> None:
+        for proc in self.procs:
+            if proc.returncode is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                async with asyncio.timeout(20):
+                    await proc.wait()
+            except TimeoutError:
+                proc.kill()
+
+
+async def start_broker(procs: Procs, etcd: str, config: Path, broker_id: str) -> None:
+    await procs.start(
+        ["-m", "ballast.cluster.run", "--etcd", etcd, "--config", str(config), "--id",
+         broker_id, "--broker-url", "127.0.0.1:0", "--log-level", "ERROR"],
+        f"BROKER-STARTED {broker_id}",
+    )  # fmt: skip
+
+
+async def broker_url(store: EtcdStore, broker_id: str) -> str:
+    kv = await store.get(keys.register(broker_id))
+    assert kv is not None
+    return str(kv.value["broker_url"])
+
+
+# -- measurements --------------------------------------------------------------------------
+
+
+async def client_for(url: str) -> Any:
+    return await DanubeClientBuilder().service_url(f"http://{url}").build()
+
+
+async def throughput(url: str, topic: str, producers: int, reliable: bool, duration: float
+                     ) -> dict[str, float]:  # fmt: skip
+    """Messages/s and produce latency of `producers` concurrent sequential senders."""
+    client = await client_for(url)
+    made = []
+    for i in range(producers):
+        builder = client.new_producer().with_topic(topic).with_name(f"bench-{producers}-{i}")
+        if reliable:
+            builder = builder.with_dispatch_strategy(DispatchStrategy.RELIABLE)
+        producer = builder.build()
+        await producer.create()
+        made.append(producer)
+    latencies: list[float] = []
+    count = 0
+    measuring = False
+    stop = False
+
+    async def run(producer: Any) -> None:
+        nonlocal count
+        while not stop:
+            start = time.perf_counter()
+            await producer.send(PAYLOAD)
+            if measuring:
+                latencies.append(time.perf_counter() - start)
+                count += 1
+
+    tasks = [asyncio.create_task(run(p)) for p in made]
+    await asyncio.sleep(0.5)  # warm-up
+    measuring = True
+    began = time.perf_counter()
+    await asyncio.sleep(duration)
+    measuring = False
+    elapsed = time.perf_counter() - began
+    stop = True
+    await asyncio.gather(*tasks)
+    for producer in made:
+        await producer.close()
+    return {
+        "msg_per_s": round(count / elapsed, 1),
+        "produce_p50_ms": round(pct(latencies, 0.5) * 1000, 2),
+        "produce_p99_ms": round(pct(latencies, 0.99) * 1000, 2),
+    }
+
+
+async def end_to_end(url: str, topic: str, reliable: bool, rate: float, duration: float
+                     ) -> dict[str, float]:  # fmt: skip
+    """Send-to-receipt latency of a steady stream (one producer, one consumer)."""
+    client = await client_for(url)
+    builder = client.new_producer().with_topic(topic).with_name("e2e-p")
+    if reliable:
+        builder = builder.with_dispatch_strategy(DispatchStrategy.RELIABLE)
+    producer = builder.build()
+    await producer.create()
+    consumer = (
+        client.new_consumer().with_topic(topic).with_consumer_name("e2e-c")
+        .with_subscription("e2e").with_subscription_type(SubType.EXCLUSIVE).build()
+    )  # fmt: skip
+    await consumer.subscribe()
+    queue = await consumer.receive()
+    latencies: list[float] = []
+    total = int(rate * duration)
+
+    async def receive() -> None:
+        for _ in range(total):
+            m = await queue.get()
+            latencies.append(time.perf_counter() - float(m.attributes["t"]))
+            await consumer.ack(m)
+
+    receiver = asyncio.create_task(receive())
+    start = time.perf_counter()
+    for i in range(total):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await producer.send(PAYLOAD, {"t": repr(time.perf_counter())})
+    async with asyncio.timeout(30):
+        await receiver
+    await consumer.close()
+    await producer.close()
+    return {
+        "p50_ms": round(pct(latencies, 0.5) * 1000, 2),
+        "p99_ms": round(pct(latencies, 0.99) * 1000, 2),
+    }
+
+
+async def moves(store: EtcdStore, url: str, count: int) -> dict[str, Any]:
+    """Move a live reliable topic `count` times; the pauses producer and consumer see."""
+    topic = "/default/bench-moves"
+    admin = AdminClient(store)
+    client = await client_for(url)
+    producer = (
+        client.new_producer().with_topic(topic).with_name("mv-p")
+        .with_dispatch_strategy(DispatchStrategy.RELIABLE).build()
+    )  # fmt: skip
+    await producer.create()
+    consumer = (
+        client.new_consumer().with_topic(topic).with_consumer_name("mv-c")
+        .with_subscription("mv").with_subscription_type(SubType.EXCLUSIVE).build()
+    )  # fmt: skip
+    await consumer.subscribe()
+    queue = await consumer.receive()
+    sent_at: list[float] = []
+    received_at: list[float] = []
+    acked: set[int] = set()
+    received: set[int] = set()
+    stop = asyncio.Event()
+
+    send_errors: list[str] = []
+
+    async def produce() -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                await producer.send(str(i).encode())
+            except grpc.aio.AioRpcError as exc:  # reaches the app: not acknowledged
+                send_errors.append(f"{exc.code().name}: {exc.details()}")
+                await asyncio.sleep(0.5)
+            else:
+                acked.add(i)
+                sent_at.append(time.perf_counter())
+            i += 1
+            await asyncio.sleep(0.01)
+
+    async def consume() -> None:
+        while True:
+            m = await queue.get()
+            received.add(int(m.payload))
+            received_at.append(time.perf_counter())
+            await consumer.ack(m)
+
+    def longest_gap(times: list[float], since: float) -> float:
+        points = [since, *[t for t in times if t >= since]]
+        return max((b - a for a, b in itertools.pairwise(points)), default=0.0)
+
+    tasks = [asyncio.create_task(produce()), asyncio.create_task(consume())]
+    producer_pauses: list[float] = []
+    consumer_pauses: list[float] = []
+    await asyncio.sleep(1.0)
+    timeouts = 0
+    for _ in range(count):
+        view = await admin.view()
+        owner = view.owner(topic)
+        if owner is None:
+            await asyncio.sleep(1.0)
+            continue
+        t0 = time.perf_counter()
+        await admin.unload_topic(topic)
+        # Wait until both sides made progress on the new owner.
+        try:
+            async with asyncio.timeout(60):
+                while True:
+                    await asyncio.sleep(0.05)
+                    new = (await admin.view()).owner(topic)
+                    if new is not None and new != owner:
+                        break
+                t_assigned = time.perf_counter()
+                while not (
+                    any(t > t_assigned for t in sent_at)
+                    and any(t > t_assigned for t in received_at)
+                ):
+                    await asyncio.sleep(0.05)
+        except TimeoutError:
+            timeouts += 1
+        await asyncio.sleep(0.5)
+        producer_pauses.append(longest_gap(sent_at, t0))
+        consumer_pauses.append(longest_gap(received_at, t0))
+    stop.set()
+    await tasks[0]
+    deadline = time.perf_counter() + 20
+    while not acked <= received and time.perf_counter() < deadline:
+        await asyncio.sleep(0.1)
+    tasks[1].cancel()
+    await consumer.close()
+    await producer.close()
+
+    def summary(pauses: list[float]) -> dict[str, float]:
+        return {
+            "p50_s": round(pct(pauses, 0.5), 3),
+            "p99_s": round(pct(pauses, 0.99), 3),
+            "max_s": round(max(pauses, default=0.0), 3),
+        }
+
+    return {
+        "moves": count,
+        "producer_pause": summary(producer_pauses),
+        "consumer_pause": summary(consumer_pauses),
+        "acknowledged_sends": len(acked),
+        "lost": len(acked - received),
+        "send_errors": len(send_errors),
+        "first_send_errors": send_errors[:3],
+        "moves_timed_out": timeouts,
+    }
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {"payload_bytes": len(PAYLOAD), "duration_s": args.duration}
+    procs = Procs()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-dataplane-"))
+    config = tmp / "broker.yaml"
+    config.write_text(yaml.safe_dump({
+        "load_manager": {"load_report_interval_seconds": 1, "assignment_strategy": "fair"},
+        "broker": {"registration_ttl_seconds": 10, "leader_ttl_seconds": 10},
+        "history": {"enabled": False},
+        "metrics": {"enabled": False},
+        "storage": {"data_dir": str(tmp / "data")},
+    }))  # fmt: skip
+    try:
+        # The ceiling: the same client against a server that does nothing.
+        port = free_port()
+        await procs.start([__file__, "--noop-server", str(port)], "NOOP-STARTED")
+        noop = f"127.0.0.1:{port}"
+        out["ceiling_msg_per_s"] = {
+            str(n): (await throughput(noop, "/default/noop", n, False, args.duration))["msg_per_s"]
+            for n in COUNTS
+        }
+        with EtcdServer() as server:
+            async with EtcdStore(server.client_url) as store:
+                await start_broker(procs, server.client_url, config, "bench-1")
+                url = await broker_url(store, "bench-1")
+                for reliable in (False, True):
+                    key = "reliable" if reliable else "non_reliable"
+                    out[key] = {}
+                    for n in COUNTS:
+                        topic = f"/default/bench-{key.replace('_', '-')}-{n}"
+                        out[key][str(n)] = await throughput(url, topic, n, reliable, args.duration)
+                out["end_to_end"] = {
+                    key: await end_to_end(
+                        url, f"/default/e2e-{key.replace('_', '-')}", key == "reliable", 200, 3
+                    )
+                    for key in ("non_reliable", "reliable")
+                }
+                if args.moves:
+                    await start_broker(procs, server.client_url, config, "bench-2")
+                    out["moves"] = await moves(store, url, args.moves)
+    finally:
+        await procs.close()
+    out["load_average"] = [round(x, 1) for x in os.getloadavg()]  # a shared machine
+    ceiling = out["ceiling_msg_per_s"]["32"]
+    out["goals_32_producers"] = {
+        "non_reliable_share_of_ceiling": round(out["non_reliable"]["32"]["msg_per_s"] / ceiling, 3),
+        "reliable_share_of_ceiling": round(out["reliable"]["32"]["msg_per_s"] / ceiling, 3),
+    }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
+    parser.add_argument("--moves", type=int, default=20, help="moves of a live topic (0: skip)")
+    parser.add_argument("--noop-server", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    logging.getLogger("danube").setLevel(logging.CRITICAL)
+    if args.noop_server is not None:
+        asyncio.run(run_noop_server(args.noop_server))
+        return
+    print(json.dumps(asyncio.run(main_async(args)), indent=2))
+
+
+if __name__ == "__main__":
+    main()

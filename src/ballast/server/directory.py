@@ -1,0 +1,123 @@
+"""What the metadata store says about topics: owners, brokers' addresses, namespaces.
+
+Every broker answers lookups for every topic from here, not from what it serves itself,
+so a client that lands on any broker is sent to the owner. Queries go to the store each
+time (lookups are rare: one per producer or consumer (re)creation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ballast.clock import Clock
+from ballast.metadata import Compare, MetadataStore, Put, keys
+from ballast.model import MarkerReason, ModelError, TopicName, UnassignedMarker
+
+__all__ = ["DEFAULT_NAMESPACE", "Directory", "Owner", "partition_index"]
+
+DEFAULT_NAMESPACE = "default"
+_PARTITION = re.compile(r"^(?P<base>.+)-part-(?P<index>\d+)$")
+
+
+def partition_index(base: str, name: str) -> int | None:
+    """The partition number if `name` is ``{base}-part-{digits}``, else None."""
+    match = _PARTITION.match(name)
+    if match is None or match.group("base") != base:
+        return None
+    return int(match.group("index"))
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The broker a topic is assigned to, and where clients reach it."""
+
+    broker_id: str
+    broker_url: str
+
+
+class Directory:
+    """Topic and namespace facts from the metadata store."""
+
+    def __init__(self, store: MetadataStore, clock: Clock) -> None:
+        self.store = store
+        self.clock = clock
+
+    async def owner(self, topic: TopicName) -> Owner | None:
+        """The registered broker that owns `topic` now, if any."""
+        listing = await self.store.get_prefix(keys.REGISTER_PREFIX)
+        registrations: dict[str, str] = {}
+        for kv in listing.items:
+            try:
+                broker = keys.parse_register_key(kv.key)
+            except ValueError:
+                continue
+            url = kv.value.get("broker_url") if isinstance(kv.value, dict) else None
+            if isinstance(url, str) and url:
+                registrations[broker] = url
+        found = await asyncio.gather(
+            *(self.store.get(keys.broker_assignment(b, topic)) for b in registrations)
+        )
+        for broker, assigned in zip(registrations, found, strict=True):
+            if assigned is not None:
+                return Owner(broker, registrations[broker])
+        return None
+
+    async def meta(self, topic: TopicName) -> dict[str, Any] | None:
+        """The topic's metadata (a JSON object), or None if the topic does not exist."""
+        kv = await self.store.get(keys.topic_meta(topic))
+        if kv is None:
+            return None
+        return dict(kv.value) if isinstance(kv.value, dict) else {}
+
+    async def marker(self, topic: TopicName) -> UnassignedMarker | None:
+        """The topic's unassigned marker (it is waiting for an owner), if any."""
+        kv = await self.store.get(keys.unassigned(topic))
+        if kv is None:
+            return None
+        try:
+            return UnassignedMarker.from_dict(kv.value)
+        except ModelError:
+            return UnassignedMarker()
+
+    async def partitions(self, base: TopicName) -> list[str]:
+        """`[base]` for a plain topic, its ``-part-N`` topics for a partitioned one, or []."""
+        if await self.meta(base) is not None:
+            return [str(base)]
+        listing = await self.store.get_prefix(keys.namespace_topics_prefix(base.namespace))
+        found: dict[int, str] = {}
+        for kv in listing.items:
+            parts = kv.key[len(keys.TOPICS_PREFIX) :].split("/")
+            if len(parts) != 3 or parts[2] != "meta":
+                continue
+            index = partition_index(base.name, parts[1])
+            if index is not None:
+                found[index] = f"/{base.namespace}/{parts[1]}"
+        return [found[i] for i in sorted(found)]
+
+    async def namespace_exists(self, namespace: str) -> bool:
+        """Whether the namespace was created (``default`` always is, at broker start)."""
+        return await self.store.get(keys.namespace(namespace)) is not None
+
+    async def ensure_namespace(self, namespace: str) -> bool:
+        """Create the namespace if absent; True if this call created it."""
+        result = await self.store.txn(
+            [Compare.absent(keys.namespace(namespace))],
+            [Put(keys.namespace(namespace), {"created_at": self.clock.now()})],
+        )
+        return result.succeeded
+
+    async def create_topic(self, topic: TopicName, extra: dict[str, Any]) -> bool:
+        """Create a topic (metadata and a ``new`` marker) if absent; True if created here."""
+        now = self.clock.now()
+        marker = UnassignedMarker(MarkerReason.NEW, timestamp=now, ready=True)
+        result = await self.store.txn(
+            [Compare.absent(keys.topic_meta(topic))],
+            [
+                Put(keys.topic_meta(topic), {**extra, "created_at": now}),
+                Put(keys.unassigned(topic), marker.to_dict()),
+            ],
+        )
+        return result.succeeded

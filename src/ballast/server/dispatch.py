@@ -1,0 +1,451 @@
+"""Subscriptions: which consumer gets which message, unacked windows, acks and redelivery.
+
+A `SubscriptionDispatcher` owns the consumers of one subscription on one served topic.
+Messages come in (`offer`) in offset order; each is given to one consumer chosen by the
+subscription type:
+
+- ``exclusive``: the single consumer;
+- ``failover``: the earliest-connected consumer that is still connected (the next one
+  takes over, with everything the previous one left unacked, when it goes);
+- ``shared``: round-robin over the connected consumers that have window space;
+- ``key_shared``: by routing key (falling back to the producer name), hashed over the
+  consumers whose glob `key_filters` match the key (no filter: every key).
+
+Each consumer holds at most `window` delivered-but-unacked messages, which bounds memory
+and, for reliable topics, how far the storage reader runs ahead. A message a consumer
+leaves unacked when its stream ends goes back to the head of the queue for the others;
+a nack sends it back after its delay.
+
+For reliable subscriptions acks arrive in any order (shared, key_shared); the dispatcher
+keeps the lowest offset not yet acked and reports the cursor, "everything up to here is
+acked", as `cursor`; the served topic persists it through the storage engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import heapq
+import itertools
+import logging
+import secrets
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from ballast.server.errors import RpcFailure
+
+__all__ = [
+    "ConsumerHandle",
+    "Delivery",
+    "SubscriptionDispatcher",
+    "drain",
+    "fnv1a64",
+    "new_id",
+]
+
+log = logging.getLogger(__name__)
+
+# After a takeover, messages the previous stream sent stay the consumer's this long (it
+# most likely has them and acks them) before they are redelivered.
+REDELIVERY_GRACE = 5.0
+
+_FNV_OFFSET = 0xCBF29CE484222325
+_FNV_PRIME = 0x100000001B3
+
+
+def fnv1a64(data: bytes) -> int:
+    """FNV-1a 64-bit: the hash the client uses to pick a partition by key."""
+    h = _FNV_OFFSET
+    for byte in data:
+        h ^= byte
+        h = (h * _FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def new_id() -> int:
+    """A random non-zero 64-bit id, as Danube hands out for producers and consumers."""
+    return secrets.randbits(64) or 1
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One message on its way to a consumer: the wire message, its offset and its key."""
+
+    offset: int
+    message: Any  # pb.StreamMessage, stamped with the topic name, offset and subscription
+    key: str
+    size: int
+    relayed: bool = False  # received from the topic's new owner (see `relay`)
+
+
+_join_seq = itertools.count()
+
+
+@dataclass(eq=False)
+class ConsumerHandle:
+    """One named consumer of a subscription, and its current stream (if connected)."""
+
+    id: int
+    name: str
+    dispatcher: SubscriptionDispatcher
+    key_filters: tuple[str, ...] = ()
+    joined: int = field(default_factory=lambda: next(_join_seq))
+    unacked: dict[int, Delivery] = field(default_factory=dict)
+    queue: asyncio.Queue[Delivery | None] | None = None  # the open stream's queue
+    closing: bool = False  # the topic is leaving: CLOSE on the next health check
+    close_sent: bool = False  # CLOSE was answered: send nothing more, the stream ends soon
+    # Relayed messages sent most recently, with when (the client may drop one at CLOSE).
+    recent: deque[tuple[float, Delivery]] = field(default_factory=lambda: deque(maxlen=256))
+    last_seen: float = 0.0
+
+    @property
+    def connected(self) -> bool:
+        """True while a ReceiveMessages stream is open for this consumer."""
+        return self.queue is not None
+
+    def matches(self, key: str) -> bool:
+        """Whether this consumer's key filters accept `key` (no filter: everything)."""
+        return not self.key_filters or any(fnmatch.fnmatchcase(key, p) for p in self.key_filters)
+
+    def attach(self) -> asyncio.Queue[Delivery | None]:
+        """Open a new stream; a previous one of this consumer ends (takeover).
+
+        What the previous stream had not sent yet goes back to the queue at once. What it
+        had sent is most likely in the client's hands (it reconnects with the same name
+        after a move, and acks what it received): it stays this consumer's for
+        `REDELIVERY_GRACE` seconds, and only what is still unacked then is redelivered.
+        """
+        old = self.queue
+        self.queue = asyncio.Queue()
+        if old is not None:
+            unsent = drain(old)
+            for d in unsent:
+                self.unacked.pop(d.offset, None)
+            self.dispatcher.requeue(unsent)
+            old.put_nowait(None)
+        in_flight = list(self.unacked.values())
+        if in_flight:
+            self.dispatcher.schedule(REDELIVERY_GRACE, lambda: self._expire(in_flight))
+        self.dispatcher.pump()
+        return self.queue
+
+    def _expire(self, deliveries: list[Delivery]) -> None:
+        expired = [d for d in deliveries if self.unacked.get(d.offset) is d]
+        for d in expired:
+            del self.unacked[d.offset]
+        if expired:
+            self.dispatcher.requeue(expired)
+            self.dispatcher.pump()
+
+    def detach(self, queue: asyncio.Queue[Delivery | None], *, keep_sent: bool = False) -> None:
+        """The stream on `queue` ended; its unacked messages go to the other consumers.
+
+        With `keep_sent` (a relay's stream: the real client is about to attach here and
+        ack what it received), what was sent stays this consumer's for the grace period.
+        """
+        if self.queue is not queue:
+            return  # taken over already
+        self.queue = None
+        unsent = drain(queue)
+        for d in unsent:
+            self.unacked.pop(d.offset, None)
+        if keep_sent:
+            self.dispatcher.requeue(unsent)
+            in_flight = list(self.unacked.values())
+            if in_flight:
+                self.dispatcher.schedule(REDELIVERY_GRACE, lambda: self._expire(in_flight))
+        else:
+            self.dispatcher.requeue([*unsent, *self.unacked.values()])
+            self.unacked.clear()
+        self.dispatcher.pump()
+
+    def end_stream(self) -> None:
+        """End the open stream (after the close handshake)."""
+        queue, self.queue = self.queue, None
+        if queue is not None:
+            queue.put_nowait(None)
+
+
+def drain(queue: asyncio.Queue[Delivery | None]) -> list[Delivery]:
+    """Take everything waiting in a stream's queue (the end-of-stream marker is dropped)."""
+    items = []
+    while not queue.empty():
+        item = queue.get_nowait()
+        if item is not None:
+            items.append(item)
+    return items
+
+
+class SubscriptionDispatcher:
+    """The consumers of one subscription and the messages waiting for them."""
+
+    def __init__(
+        self,
+        name: str,
+        sub_type: str,
+        *,
+        window: int,
+        reliable: bool,
+        buffer: int,
+        start_cursor: int = -1,
+    ) -> None:
+        self.name = name
+        self.sub_type = sub_type
+        self.window = window
+        self.reliable = reliable
+        self.buffer = buffer
+        self.consumers: dict[str, ConsumerHandle] = {}
+        self._fresh: deque[Delivery] = deque()
+        self._redeliver: deque[Delivery] = deque()
+        self._owner: dict[int, ConsumerHandle] = {}
+        self._rr = 0
+        self._space = asyncio.Event()
+        self._space.set()
+        self._timers: set[asyncio.TimerHandle] = set()
+        self.closed = False
+        self.dropped = 0  # non-reliable messages dropped because the queue was full
+        self.delivered = 0
+        self.delivered_bytes = 0
+        # Reliable: the cursor is the highest offset below which everything is acked.
+        self.cursor = start_cursor
+        self._read_through = start_cursor  # highest offset offered so far
+        self._pending: list[int] = []  # heap of offered offsets not yet acked
+        self._acked: set[int] = set()  # acked offsets still in the heap (or not yet offered)
+
+    # -- consumers -----------------------------------------------------------------------
+
+    def join(
+        self, consumer_name: str, sub_type: str, key_filters: Iterable[str], now: float
+    ) -> ConsumerHandle:
+        """The consumer named `consumer_name`: the existing one (reconnect) or a new one."""
+        existing = self.consumers.get(consumer_name)
+        if existing is not None:
+            existing.key_filters = tuple(key_filters)
+            existing.last_seen = now
+            return existing
+        if sub_type != self.sub_type:
+            if self.consumers:
+                raise RpcFailure(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"subscription {self.name!r} is {self.sub_type}; a {sub_type} consumer "
+                    "cannot join it (use another subscription name)",
+                    "subscription_type_mismatch",
+                )
+            self.sub_type = sub_type
+        if self.sub_type == "exclusive":
+            for other in list(self.consumers.values()):
+                if other.connected:
+                    raise RpcFailure(
+                        grpc.StatusCode.PERMISSION_DENIED,
+                        f"subscription {self.name!r} is exclusive and consumer {other.name!r} "
+                        "is connected to it",
+                        "exclusive_taken",
+                    )
+                self.remove(other)
+        handle = ConsumerHandle(new_id(), consumer_name, self, tuple(key_filters), last_seen=now)
+        self.consumers[consumer_name] = handle
+        return handle
+
+    def remove(self, handle: ConsumerHandle) -> None:
+        """Forget a consumer; its unacked messages go to the others."""
+        if self.consumers.get(handle.name) is handle:
+            del self.consumers[handle.name]
+        queue = handle.queue
+        handle.end_stream()
+        if queue is not None:
+            self.requeue(drain(queue))
+        self.requeue(handle.unacked.values())
+        handle.unacked.clear()
+        self.pump()
+
+    def _candidates(self) -> list[ConsumerHandle]:
+        return sorted(
+            (c for c in self.consumers.values() if c.connected and not c.closing),
+            key=lambda c: c.joined,
+        )
+
+    def _has_space(self, c: ConsumerHandle) -> bool:
+        if self.reliable:
+            return len(c.unacked) < self.window
+        assert c.queue is not None
+        return c.queue.qsize() < self.window
+
+    def _choose(self, d: Delivery, candidates: list[ConsumerHandle]) -> ConsumerHandle | None:
+        if not candidates:
+            return None
+        if self.sub_type in ("exclusive", "failover"):
+            active = candidates[0]
+            return active if self._has_space(active) else None
+        if self.sub_type == "key_shared":
+            eligible = sorted((c for c in candidates if c.matches(d.key)), key=lambda c: c.name)
+            if not eligible:
+                return None
+            chosen = eligible[fnv1a64(d.key.encode()) % len(eligible)]
+            return chosen if self._has_space(chosen) else None
+        n = len(candidates)
+        for i in range(n):
+            c = candidates[(self._rr + i) % n]
+            if self._has_space(c):
+                self._rr = (self._rr + i + 1) % n
+                return c
+        return None
+
+    # -- messages ------------------------------------------------------------------------
+
+    def offer(self, d: Delivery) -> None:
+        """A new message, in offset order."""
+        if self.closed:
+            return
+        if self.reliable:
+            self._read_through = max(self._read_through, d.offset)
+            if d.offset in self._acked:  # acked before we read it (after a move)
+                self._acked.discard(d.offset)
+                self._advance()
+                return
+            heapq.heappush(self._pending, d.offset)
+        elif len(self._fresh) >= self.buffer:
+            self._fresh.popleft()
+            self.dropped += 1
+        self._fresh.append(d)
+        if self.reliable and len(self._fresh) >= self.buffer:
+            self._space.clear()
+        self.pump()
+
+    async def wait_for_space(self) -> None:
+        """Wait until the reliable reader may offer more (the buffer is not full)."""
+        await self._space.wait()
+
+    def requeue(self, deliveries: Iterable[Delivery]) -> None:
+        """Messages to give to a consumer again (before any fresh one), in offset order."""
+        items = sorted(
+            (d for d in deliveries if not (self.reliable and d.offset in self._acked)),
+            key=lambda d: d.offset,
+        )
+        for d in items:
+            self._owner.pop(d.offset, None)
+        self._redeliver.extendleft(reversed(items))
+
+    def pump(self) -> None:
+        """Give waiting messages to consumers with window space, in order."""
+        if self.closed:
+            return
+        candidates = self._candidates()
+        if not candidates:
+            return
+        for source in (self._redeliver, self._fresh):
+            while source:
+                d = source[0]
+                if self.reliable and d.offset in self._acked:
+                    source.popleft()
+                    continue
+                c = self._choose(d, candidates)
+                if c is None:
+                    if self.sub_type == "key_shared":
+                        self._pump_other_keys(source, candidates)
+                    break
+                source.popleft()
+                self._give(c, d)
+        if len(self._fresh) < self.buffer:
+            self._space.set()
+
+    def _pump_other_keys(self, source: deque[Delivery], candidates: list[ConsumerHandle]) -> None:
+        """KeyShared: a key whose consumer is full (or absent) holds back only that key.
+
+        Order is kept per key: once a message of a key waits, every later message of that
+        key waits behind it.
+        """
+        blocked: set[str] = set()
+        kept: deque[Delivery] = deque()
+        for d in source:
+            if self.reliable and d.offset in self._acked:
+                continue
+            c = None if d.key in blocked else self._choose(d, candidates)
+            if c is None:
+                blocked.add(d.key)
+                kept.append(d)
+            else:
+                self._give(c, d)
+        source.clear()
+        source.extend(kept)
+
+    def _give(self, c: ConsumerHandle, d: Delivery) -> None:
+        assert c.queue is not None
+        if self.reliable:
+            c.unacked[d.offset] = d
+            self._owner[d.offset] = c
+        c.queue.put_nowait(d)
+        self.delivered += 1
+        self.delivered_bytes += d.size
+
+    def ack(self, offset: int) -> None:
+        """Acknowledge one message (unknown and duplicate acks are fine)."""
+        if not self.reliable or offset <= self.cursor or offset in self._acked:
+            return
+        owner = self._owner.pop(offset, None)
+        if owner is not None:
+            owner.unacked.pop(offset, None)
+        self._acked.add(offset)
+        self._advance()
+        self.pump()
+
+    def nack(self, offset: int, delay_seconds: float) -> None:
+        """Give the message to a consumer again after `delay_seconds`."""
+        if not self.reliable:
+            return
+        owner = self._owner.pop(offset, None)
+        if owner is None:
+            return
+        d = owner.unacked.pop(offset, None)
+        if d is None:
+            return
+        if delay_seconds <= 0:
+            self.requeue([d])
+            self.pump()
+            return
+
+        def due() -> None:
+            self.requeue([d])
+            self.pump()
+
+        self.schedule(delay_seconds, due)
+
+    def schedule(self, delay: float, fn: Callable[[], None]) -> None:
+        """Run `fn` after `delay` seconds, unless the subscription closes first."""
+        loop = asyncio.get_running_loop()
+        timer: asyncio.TimerHandle | None = None
+
+        def run() -> None:
+            if timer is not None:
+                self._timers.discard(timer)
+            if not self.closed:
+                fn()
+
+        timer = loop.call_later(delay, run)
+        self._timers.add(timer)
+
+    def _advance(self) -> None:
+        pending, acked = self._pending, self._acked
+        while pending and pending[0] in acked:
+            acked.discard(heapq.heappop(pending))
+        cursor = pending[0] - 1 if pending else self._read_through
+        if cursor > self.cursor:
+            self.cursor = cursor
+
+    # -- figures and shutdown ------------------------------------------------------------
+
+    @property
+    def waiting(self) -> int:
+        """Messages read but not yet given to a consumer."""
+        return len(self._fresh) + len(self._redeliver)
+
+    def close(self) -> None:
+        """Stop dispatching (the topic is leaving); consumers keep their handles."""
+        self.closed = True
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
+        self._space.set()

@@ -1,0 +1,321 @@
+"""`DataPlaneHost`: the `TopicHost` that serves real topics to the Danube client.
+
+The broker tells it to `load` a topic when the topic is assigned here and to `unload` it
+when the assignment goes (a move, a drain, shutdown). A topic whose metadata says
+``dispatch_strategy: reliable`` is opened on the storage engine (it continues after the
+previous owner's seal or reservation) and sealed on unload; any other topic is an
+in-memory fan-out. The gRPC services find producers, consumers and topics here.
+
+Leaving is make-before-break for clients: producers are dropped at once (their next send
+gets UNAVAILABLE, on which the client looks up and follows the topic), and consumers go
+through the close handshake: their stream stays open, the next health check answers
+CLOSE, and the stream ends just after (or after `close_handshake_seconds`). Meanwhile a
+`ConsumerRelay` feeds the open stream from the new owner, so the consumer does not wait
+for its next health check to get messages again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from ballast.clock import Clock
+from ballast.config import BallastConfig
+from ballast.metadata import MetadataStore
+from ballast.model import TopicLoad, TopicName, UnassignedMarker
+from ballast.server.directory import Directory
+from ballast.server.dispatch import ConsumerHandle, drain
+from ballast.server.metrics import DataPlaneMetrics
+from ballast.server.relay import ConsumerRelay
+from ballast.server.topics import (
+    NonReliableServedTopic,
+    ProducerEntry,
+    ReliableServedTopic,
+    ServedTopic,
+)
+from ballast.storage import (
+    FsspecObjectStore,
+    FsyncPolicy,
+    ObjectStore,
+    ReliableTopic,
+    SealedState,
+    StorageConfig,
+    StorageStats,
+)
+
+__all__ = ["DISPATCH_KEY", "DataPlaneHost"]
+
+log = logging.getLogger(__name__)
+
+# Field of the topic metadata that says how the topic keeps messages.
+DISPATCH_KEY = "dispatch_strategy"
+RELIABLE = "reliable"
+NON_RELIABLE = "non_reliable"
+
+# A consumer without a stream or health check for this long is forgotten; a producer
+# without a send or health check for `PRODUCER_IDLE_SECONDS` too (the client checks in
+# every 5 s while it lives).
+CONSUMER_IDLE_SECONDS = 30.0
+PRODUCER_IDLE_SECONDS = 60.0
+CLOSE_AFTER_HEALTH_SECONDS = 0.5  # lets the client's acks of what it got arrive first
+RELAY_ACK_SECONDS = 3.0
+
+
+class DataPlaneHost:
+    """The topics this broker serves, with their producers and consumers."""
+
+    def __init__(
+        self,
+        broker_id: str,
+        store: MetadataStore,
+        clock: Clock,
+        config: BallastConfig,
+        *,
+        objects: ObjectStore | None = None,
+        metrics: DataPlaneMetrics | None = None,
+    ) -> None:
+        self.broker_id = broker_id
+        self.store = store
+        self.clock = clock
+        self.config = config
+        self.settings = config.data_plane
+        storage = config.storage
+        self.wal_dir = Path(storage.data_dir) / "wal" / broker_id
+        self._objects = objects  # opened on the first reliable topic (it creates a directory)
+        self.storage_config = StorageConfig(
+            fsync_policy=FsyncPolicy(storage.fsync_policy),
+            upload_interval_seconds=storage.upload_interval_seconds,
+            cursor_flush_seconds=storage.cursor_flush_seconds,
+        )
+        self.stats = StorageStats()
+        self.counters = metrics if metrics is not None else DataPlaneMetrics()
+        self.directory = Directory(store, clock)
+        self.topics: dict[str, ServedTopic] = {}
+        self.producers: dict[int, ProducerEntry] = {}
+        self.consumers: dict[int, ConsumerHandle] = {}
+        self._timers: set[asyncio.TimerHandle] = set()
+        self._relays: dict[int, ConsumerRelay] = {}  # consumer id -> relay of a moved topic
+        self._failed_loads: dict[str, UnassignedMarker | None] = {}  # assigned, not opened
+        self._assigned: set[str] = set()  # what the broker asked us to serve
+
+    def objects(self) -> ObjectStore:
+        """The shared object store of reliable topics."""
+        if self._objects is None:
+            storage = self.config.storage
+            self._objects = FsspecObjectStore(
+                storage.object_store_url(), dict(storage.object_store_options)
+            )
+        return self._objects
+
+    # -- TopicHost -------------------------------------------------------------------------
+
+    async def load(self, topic: str, marker: UnassignedMarker | None) -> None:
+        """Start serving `topic` (reliable topics open their storage first)."""
+        self._assigned.add(topic)
+        if topic in self.topics:
+            return
+        self._failed_loads.pop(topic, None)
+        name = TopicName.parse(topic)
+        meta = await self.directory.meta(name) or {}
+        now = self.clock.now()
+        window, buffer = self.settings.unacked_window, self.settings.non_reliable_queue
+        served: ServedTopic
+        if meta.get(DISPATCH_KEY) == RELIABLE:
+            storage = ReliableTopic(
+                name,
+                broker_id=self.broker_id,
+                data_dir=self.wal_dir,
+                objects=self.objects(),
+                metadata=self.store,
+                clock=self.clock,
+                config=self.storage_config,
+                stats=self.stats,
+            )
+            try:
+                opened = await storage.open()
+            except Exception as exc:
+                self.counters.load_failures.inc()
+                self._failed_loads[topic] = marker
+                log.error(
+                    "%s: cannot open the storage of %s (retrying every sweep): %s",
+                    self.broker_id,
+                    topic,
+                    exc,
+                )
+                return
+            if topic not in self._assigned:  # unloaded while a retry was opening it
+                await storage.close()
+                return
+            log.info(
+                "%s: serving reliable %s from offset %d (%s)",
+                self.broker_id,
+                topic,
+                opened.next_offset,
+                opened.source.value,
+            )
+            served = ReliableServedTopic(
+                topic, storage, window=window, buffer=max(2 * window, 256), now=now
+            )
+        else:
+            served = NonReliableServedTopic(topic, window=window, buffer=buffer, now=now)
+            log.info("%s: serving non-reliable %s", self.broker_id, topic)
+        self.topics[topic] = served
+
+    async def unload(self, topic: str) -> SealedState | None:
+        """Stop serving `topic`: drop its producers, start the consumers' handshake, seal."""
+        self._failed_loads.pop(topic, None)
+        self._assigned.discard(topic)
+        served = self.topics.pop(topic, None)
+        if served is None:
+            return None
+        for entry in served.producers.values():
+            self.producers.pop(entry.id, None)
+        departing = served.consumers()
+        for consumer in departing:
+            consumer.closing = True
+            self._later(self.settings.close_handshake_seconds, self._forget_consumer, consumer)
+        try:
+            sealed = await served.leave()
+        except Exception:
+            # The broker must go on; without a seal the next owner continues after this
+            # owner's reservation (no offset is reused).
+            log.exception("%s: leaving %s failed", self.broker_id, topic)
+            sealed = None
+        if self.settings.relay_moving_consumers:
+            for consumer in departing:
+                if consumer.connected:
+                    relay = ConsumerRelay(
+                        consumer,
+                        topic,
+                        self.directory,
+                        self.broker_id,
+                        self.settings.close_handshake_seconds,
+                    )
+                    self._relays[consumer.id] = relay
+                    relay.start()
+        self._update_gauges()
+        log.info(
+            "%s: stopped serving %s%s",
+            self.broker_id,
+            topic,
+            f" (sealed at {sealed.last_committed_offset})" if sealed is not None else "",
+        )
+        return sealed
+
+    def metrics(self) -> list[TopicLoad]:
+        """Per-topic traffic since the previous call (the load report's topics)."""
+        now = self.clock.now()
+        return [self.topics[t].sample(now) for t in sorted(self.topics)]
+
+    # -- registries ------------------------------------------------------------------------
+
+    def add_producer(self, entry: ProducerEntry) -> None:
+        """Register a producer's id (for SendMessage and HealthCheck)."""
+        self.producers[entry.id] = entry
+        self._update_gauges()
+
+    def add_consumer(self, handle: ConsumerHandle) -> None:
+        """Register a consumer's id (for ReceiveMessages and HealthCheck)."""
+        self.consumers[handle.id] = handle
+        self._update_gauges()
+
+    def on_close_sent(self, handle: ConsumerHandle) -> None:
+        """A departing consumer was told CLOSE: send it nothing more, end its stream soon.
+
+        The client drops whatever reaches it after CLOSE, so what still waits in the
+        stream's queue is not sent: the new owner delivers it (the relay gives it back, or
+        it comes after the cursor). The stream ends just after; the client re-subscribes.
+        """
+        if handle.close_sent:
+            return
+        handle.close_sent = True
+        unsent = drain(handle.queue) if handle.queue is not None else []
+        relay = self._relays.get(handle.id)
+        if relay is not None:
+            relay.end_stream(unsent, self.clock.now())
+        self._later(CLOSE_AFTER_HEALTH_SECONDS, self._forget_consumer, handle)
+
+    def _drop_relay(self, handle: ConsumerHandle) -> None:
+        relay = self._relays.pop(handle.id, None)
+        if relay is not None:
+            relay.stop()
+
+    def relay_for(self, topic: str, subscription: str) -> ConsumerRelay | None:
+        """A running relay of `subscription` of a topic that moved away, if any."""
+        for relay in self._relays.values():
+            if relay.topic == topic and relay.subscription == subscription and relay.stub:
+                return relay
+        return None
+
+    def _forget_consumer(self, handle: ConsumerHandle) -> None:
+        if handle.id in self._relays:
+            # Acks of what the client received still pass on for a moment.
+            self._later(RELAY_ACK_SECONDS, self._drop_relay, handle)
+        handle.end_stream()
+        if self.consumers.get(handle.id) is handle:
+            del self.consumers[handle.id]
+        self._update_gauges()
+
+    def _later(
+        self, delay: float, fn: Callable[[ConsumerHandle], None], handle: ConsumerHandle
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        timer: asyncio.TimerHandle | None = None
+
+        def run() -> None:
+            if timer is not None:
+                self._timers.discard(timer)
+            fn(handle)
+
+        timer = loop.call_later(delay, run)
+        self._timers.add(timer)
+
+    def _update_gauges(self) -> None:
+        self.counters.producers.set(len(self.producers))
+        self.counters.consumers.set(len(self.consumers))
+
+    def sweep(self) -> None:
+        """Forget producers and consumers whose clients went away without a word."""
+        now = self.clock.now()
+        for entry in list(self.producers.values()):
+            if now - entry.last_seen > PRODUCER_IDLE_SECONDS:
+                del self.producers[entry.id]
+                if entry.topic.producers.get(entry.name) is entry:
+                    del entry.topic.producers[entry.name]
+        for handle in list(self.consumers.values()):
+            if handle.connected or now - handle.last_seen <= CONSUMER_IDLE_SECONDS:
+                continue
+            del self.consumers[handle.id]
+            if not handle.closing:
+                handle.dispatcher.remove(handle)
+        self._update_gauges()
+
+    async def sweep_forever(self, every: float = 5.0) -> None:
+        """Run `sweep` periodically, and retry opening topics that failed (a server task)."""
+        while True:
+            await self.clock.sleep(every)
+            self.sweep()
+            for topic, marker in list(self._failed_loads.items()):
+                if topic in self._assigned and topic not in self.topics:
+                    await self.load(topic, marker)
+
+    async def close(self) -> None:
+        """Unload every topic (sealing reliable ones); for owners without a BrokerNode."""
+        for topic in sorted(self.topics):
+            try:
+                await self.unload(topic)
+            except Exception:
+                log.exception("%s: unloading %s failed", self.broker_id, topic)
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Cancel pending handshakes and relays (the server is stopping)."""
+        self._failed_loads.clear()
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
+        for relay in self._relays.values():
+            relay.stop()
+        self._relays.clear()

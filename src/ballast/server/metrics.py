@@ -1,0 +1,52 @@
+"""Prometheus series of the data plane, on the broker's registry (no global registry)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+__all__ = ["DataPlaneMetrics"]
+
+
+class DataPlaneMetrics:
+    """Requests refused (by RPC and reason), messages in and out, clients connected."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.rejected = Counter(
+            "ballast_dataplane_rejected",
+            "Client requests answered with an error, by RPC and reason",
+            ["rpc", "reason"],
+            registry=r,
+        )
+        self.messages_in = Counter(
+            "ballast_dataplane_messages_in", "Messages accepted from producers", registry=r
+        )
+        self.bytes_in = Counter(
+            "ballast_dataplane_bytes_in", "Payload bytes accepted from producers", registry=r
+        )
+        self.messages_out = Counter(
+            "ballast_dataplane_messages_out", "Messages streamed to consumers", registry=r
+        )
+        self.load_failures = Counter(
+            "ballast_dataplane_topic_load_failures",
+            "Assigned topics whose storage could not be opened",
+            registry=r,
+        )
+        self.producers = Gauge(
+            "ballast_dataplane_producers", "Producers registered on this broker", registry=r
+        )
+        self.consumers = Gauge(
+            "ballast_dataplane_consumers", "Consumers registered on this broker", registry=r
+        )
+
+    def reject(self, rpc: str, reason: str) -> None:
+        """Count one refused request."""
+        self.rejected.labels(rpc=rpc, reason=reason).inc()
+
+    def rejected_count(self, rpc: str, reason: str) -> float:
+        """How many requests were refused for `reason` (tests)."""
+        value = self.registry.get_sample_value(
+            "ballast_dataplane_rejected_total", {"rpc": rpc, "reason": reason}
+        )
+        return value or 0.0

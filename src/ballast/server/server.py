@@ -1,0 +1,111 @@
+"""`DataPlaneServer`: the gRPC server on a broker's `broker_url`.
+
+``async with DataPlaneServer(host, config, "127.0.0.1:0") as server:`` binds (port 0
+picks a free port), serves the four services of the client protocol and exposes the
+address clients must use (`server.url`, the broker's real `broker_url`). On exit it stops
+accepting calls and gives open streams a short grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import TracebackType
+from typing import Self
+
+import grpc
+
+from ballast.aio import cancel_and_wait
+from ballast.config import BallastConfig
+from ballast.server.host import DataPlaneHost
+from ballast.server.protocol import pb_grpc
+from ballast.server.service import DataPlaneService
+
+__all__ = ["DataPlaneServer", "split_url"]
+
+log = logging.getLogger(__name__)
+
+# Requests larger than the payload limit must still arrive, so that they get a clear
+# INVALID_ARGUMENT from the handler instead of gRPC's RESOURCE_EXHAUSTED (which the
+# client retries for ever).
+MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+
+
+def split_url(url: str) -> tuple[str, int]:
+    """(host, port) of ``host:port`` or ``http://host:port``; ValueError names the problem."""
+    rest = url.split("://", 1)[1] if "://" in url else url
+    host, sep, port = rest.rstrip("/").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"broker_url {url!r}: expected host:port (port 0 picks a free one)")
+    return host, int(port)
+
+
+class DataPlaneServer:
+    """Serves Discovery, ProducerService, ConsumerService and HealthCheck."""
+
+    def __init__(
+        self, host: DataPlaneHost, config: BallastConfig, bind: str, *, grace: float = 1.0
+    ) -> None:
+        self.host = host
+        self.config = config
+        self.bind_host, self.bind_port = split_url(bind)
+        self.grace = grace
+        self.url = ""
+        self.port = 0
+        self._server: grpc.aio.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self) -> str:
+        """Bind and start serving; returns the advertised ``host:port``."""
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        address = f"{self.bind_host}:{self.bind_port}"
+        try:
+            port = server.add_insecure_port(address)
+        except RuntimeError:
+            port = 0
+        if port == 0:
+            raise OSError(
+                f"broker_url {address}: cannot listen there (in use?); "
+                "choose another port (--broker-url, port 0 picks a free one)"
+            )
+        self.port = port
+        self.url = f"{self.bind_host}:{port}"
+        service = DataPlaneService(self.host, self.config, self.url)
+        pb_grpc.add_DiscoveryServicer_to_server(service, server)
+        pb_grpc.add_ProducerServiceServicer_to_server(service, server)
+        pb_grpc.add_ConsumerServiceServicer_to_server(service, server)
+        pb_grpc.add_HealthCheckServicer_to_server(service, server)
+        await server.start()
+        self._server = server
+        self._sweeper = asyncio.create_task(
+            self.host.sweep_forever(), name=f"dataplane/{self.host.broker_id}/sweep"
+        )
+        log.info("%s: data plane serving on %s", self.host.broker_id, self.url)
+        return self.url
+
+    async def stop(self) -> None:
+        """Stop serving (open streams get `grace` seconds)."""
+        if self._sweeper is not None:
+            await cancel_and_wait(self._sweeper)
+            self._sweeper = None
+        self.host.shutdown()
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(self.grace)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()

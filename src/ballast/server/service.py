@@ -1,0 +1,392 @@
+"""The gRPC handlers of Danube's client protocol: Discovery, producers, consumers, health.
+
+The rules come from ``../shared/reference/danube-client-protocol.md`` (section 9):
+
+- every broker answers TopicLookup for every topic from the metadata: Connect when it
+  owns the topic, Redirect to the owner otherwise; while a topic waits for an owner the
+  lookup waits (up to `lookup_wait_seconds`) so a moving client lands on the new owner;
+- a producer or consumer that reaches a broker that does not (or no longer) serve its
+  topic gets UNAVAILABLE, the only code on which the 0.5.0 client looks up again and
+  recreates; never NOT_FOUND or PERMISSION_DENIED for that;
+- CreateProducer and Subscribe are idempotent by name; a reconnecting consumer takes
+  over its old stream;
+- Ack and Nack identify the message by topic, subscription and offset; unknown or
+  duplicate ones answer OK;
+- bad input gets INVALID_ARGUMENT (or FAILED_PRECONDITION for a dispatch-strategy
+  mismatch) with a message naming the problem; it is logged and counted, and the broker
+  goes on serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from ballast.config import BallastConfig
+from ballast.metadata import MetadataError, keys
+from ballast.model import InvalidTopicName, TopicName
+from ballast.server.directory import Owner, partition_index
+from ballast.server.errors import RpcFailure, bad_input, not_served
+from ballast.server.host import DISPATCH_KEY, NON_RELIABLE, RELIABLE, DataPlaneHost
+from ballast.server.protocol import (
+    CLIENT_CONSUMER,
+    CLIENT_PRODUCER,
+    CONNECT,
+    HEALTH_CLOSE,
+    HEALTH_OK,
+    REDIRECT,
+    SUBSCRIPTION_TYPES,
+    pb,
+    pb_grpc,
+)
+from ballast.server.relay import RELAY_HEADER
+
+__all__ = ["DataPlaneService"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+UNKNOWN_CONSUMER_DELAY = 0.5
+
+_STRATEGY = {pb.NonReliable: NON_RELIABLE, pb.Reliable: RELIABLE}
+
+
+def _rpc(name: str) -> Callable[[Callable[..., Awaitable[T]]], Callable[..., Awaitable[T]]]:
+    """Turn `RpcFailure` into the RPC's status; log and count it."""
+
+    def wrap(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+        @functools.wraps(fn)
+        async def handler(self: DataPlaneService, request: Any, context: Any) -> T:
+            try:
+                try:
+                    return await fn(self, request, context)
+                except MetadataError as exc:
+                    # etcd unreachable or timing out: a retry may well succeed.
+                    raise not_served(f"metadata store unavailable: {exc}", "metadata") from None
+                except (RpcFailure, asyncio.CancelledError):
+                    raise
+                except Exception as exc:
+                    log.exception("%s: %s failed", self.broker_id, name)
+                    raise RpcFailure(
+                        grpc.StatusCode.INTERNAL, f"{name} failed: {exc}", "internal"
+                    ) from None
+            except RpcFailure as failure:
+                self.host.counters.reject(name, failure.reason)
+                level = (
+                    logging.DEBUG if failure.code is grpc.StatusCode.UNAVAILABLE else logging.INFO
+                )
+                log.log(
+                    level,
+                    "%s: %s refused (%s): %s",
+                    self.broker_id,
+                    name,
+                    failure.code.name,
+                    failure.message,
+                )
+                await context.abort(failure.code, failure.message)
+                raise AssertionError("unreachable") from None
+
+        return handler
+
+    return wrap
+
+
+def _topic(value: str, what: str = "topic") -> TopicName:
+    try:
+        return TopicName.parse(value)
+    except InvalidTopicName as exc:
+        raise bad_input(f"{what}: {exc}", "bad_topic") from None
+
+
+class DataPlaneService(
+    pb_grpc.DiscoveryServicer,
+    pb_grpc.ProducerServiceServicer,
+    pb_grpc.ConsumerServiceServicer,
+    pb_grpc.HealthCheckServicer,
+):
+    """All four services of the client protocol, over one `DataPlaneHost`."""
+
+    def __init__(self, host: DataPlaneHost, config: BallastConfig, broker_url: str) -> None:
+        self.host = host
+        self.broker_id = host.broker_id
+        self.broker_url = broker_url
+        self.settings = config.data_plane
+
+    # -- Discovery -------------------------------------------------------------------------
+
+    @_rpc("TopicLookup")
+    async def TopicLookup(self, request: Any, context: Any) -> Any:
+        topic = _topic(request.topic)
+        served = self.host.topics.get(str(topic))
+        if served is not None and served.accepting:
+            return self._lookup_answer(request, CONNECT, self.broker_url)
+        directory = self.host.directory
+        owner = await directory.owner(topic)
+        if owner is None:
+            if await directory.meta(topic) is None and await directory.marker(topic) is None:
+                raise RpcFailure(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"topic {topic} does not exist (a producer creates it)",
+                    "unknown_topic",
+                )
+            owner = await self._wait_for_owner(topic)
+        if owner is None or owner.broker_id == self.broker_id:
+            # Still unplaced (or loading here): come here; CreateProducer/Subscribe answer
+            # UNAVAILABLE until it is served, and the client looks up again.
+            return self._lookup_answer(request, CONNECT, self.broker_url)
+        return self._lookup_answer(request, REDIRECT, owner.broker_url)
+
+    async def _wait_for_owner(self, topic: TopicName) -> Owner | None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.lookup_wait_seconds
+        while loop.time() < deadline:
+            await asyncio.sleep(0.05)
+            if str(topic) in self.host.topics:
+                return Owner(self.broker_id, self.broker_url)
+            owner = await self.host.directory.owner(topic)
+            if owner is not None:
+                return owner
+        return None
+
+    @staticmethod
+    def _lookup_answer(request: Any, kind: int, url: str) -> Any:
+        return pb.TopicLookupResponse(
+            request_id=request.request_id,
+            response_type=kind,
+            connect_url=url,
+            broker_url=url,
+            proxy=False,
+        )
+
+    @_rpc("TopicPartitions")
+    async def TopicPartitions(self, request: Any, context: Any) -> Any:
+        topic = _topic(request.topic)
+        names = await self.host.directory.partitions(topic)
+        return pb.TopicPartitionsResponse(request_id=request.request_id, partitions=names)
+
+    # -- producers -------------------------------------------------------------------------
+
+    @_rpc("CreateProducer")
+    async def CreateProducer(self, request: Any, context: Any) -> Any:
+        topic = _topic(request.topic_name)
+        if not request.producer_name:
+            raise bad_input("producer_name: must not be empty", "bad_producer_name")
+        strategy = _STRATEGY.get(request.dispatch_strategy)
+        if strategy is None:
+            raise bad_input(
+                f"dispatch_strategy: unknown value {request.dispatch_strategy} "
+                "(0 = NonReliable, 1 = Reliable)",
+                "bad_dispatch_strategy",
+            )
+        served = self.host.topics.get(str(topic))
+        if served is None or not served.accepting:
+            await self._not_here(topic, strategy, create=True)
+            raise AssertionError("unreachable")
+        self._check_strategy(topic, "reliable" if served.reliable else NON_RELIABLE, strategy)
+        entry = served.add_producer(request.producer_name, self.host.clock.now())
+        self.host.add_producer(entry)
+        return pb.ProducerResponse(
+            request_id=request.request_id, producer_id=entry.id, producer_name=entry.name
+        )
+
+    @staticmethod
+    def _check_strategy(topic: TopicName, topic_strategy: str, requested: str) -> None:
+        if topic_strategy != requested:
+            raise RpcFailure(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"topic {topic} is {topic_strategy.replace('_', '-')}; a "
+                f"{requested.replace('_', '-')} producer cannot publish to it "
+                "(use the topic's dispatch strategy or another topic)",
+                "dispatch_mismatch",
+            )
+
+    async def _not_here(self, topic: TopicName, strategy: str | None, *, create: bool) -> None:
+        """Answer for a topic this broker does not serve: create it, or send the client on."""
+        directory = self.host.directory
+        meta = await directory.meta(topic)
+        if meta is None:
+            if not await directory.namespace_exists(topic.namespace):
+                raise RpcFailure(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"namespace {topic.namespace!r} does not exist "
+                    "(create it with `ballast admin namespaces create`)",
+                    "unknown_namespace",
+                )
+            if not create or strategy is None:
+                if await directory.marker(topic) is None:
+                    raise RpcFailure(
+                        grpc.StatusCode.NOT_FOUND,
+                        f"topic {topic} does not exist (a producer creates it)",
+                        "unknown_topic",
+                    )
+                raise not_served(f"topic {topic} is not placed yet; retry")
+            if not self.settings.auto_create_topics:
+                raise RpcFailure(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"topic {topic} does not exist and auto-creation is off",
+                    "unknown_topic",
+                )
+            is_partition = partition_index(topic.name.rsplit("-part-", 1)[0], topic.name)
+            if is_partition is None and await directory.partitions(topic):
+                raise RpcFailure(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"{topic} is a partitioned topic; publish with partitions",
+                    "partitioned_conflict",
+                )
+            created = await directory.create_topic(topic, {DISPATCH_KEY: strategy})
+            if created:
+                log.info("%s: created %s topic %s", self.broker_id, strategy, topic)
+            raise not_served(f"topic {topic} was just created; waiting for its placement")
+        if strategy is not None:
+            self._check_strategy(topic, meta.get(DISPATCH_KEY, NON_RELIABLE), strategy)
+        raise not_served(f"topic {topic} is not served by this broker; redo the lookup")
+
+    @_rpc("SendMessage")
+    async def SendMessage(self, request: Any, context: Any) -> Any:
+        msg_id = request.msg_id
+        entry = self.host.producers.get(msg_id.producer_id)
+        if entry is None:
+            raise not_served(
+                f"producer {msg_id.producer_id} is not registered on this broker "
+                "(the topic moved?); redo the lookup",
+                "unknown_producer",
+            )
+        if msg_id.topic_name != entry.topic.name:
+            raise bad_input(
+                f"producer {msg_id.producer_id} belongs to {entry.topic.name}, "
+                f"not to {msg_id.topic_name!r}",
+                "producer_topic_mismatch",
+            )
+        size = len(request.payload)
+        limit = self.settings.max_payload_bytes
+        if size > limit:
+            raise bad_input(
+                f"payload of {size} bytes exceeds the limit of {limit} bytes "
+                "(data_plane.max_payload_bytes)",
+                "payload_too_large",
+            )
+        entry.last_seen = self.host.clock.now()
+        await entry.topic.publish(request)
+        self.host.counters.messages_in.inc()
+        self.host.counters.bytes_in.inc(size)
+        return pb.MessageResponse(request_id=request.request_id)
+
+    # -- consumers -------------------------------------------------------------------------
+
+    @_rpc("Subscribe")
+    async def Subscribe(self, request: Any, context: Any) -> Any:
+        topic = _topic(request.topic_name)
+        try:
+            keys.subscription_cursor(topic, request.subscription)
+        except ValueError as exc:
+            raise bad_input(f"subscription: {exc}", "bad_subscription") from None
+        sub_type = SUBSCRIPTION_TYPES.get(request.subscription_type)
+        if sub_type is None:
+            raise bad_input(
+                f"subscription_type: unknown value {request.subscription_type} "
+                "(0 = Exclusive, 1 = Shared, 2 = Failover, 3 = KeyShared)",
+                "bad_subscription_type",
+            )
+        if not request.consumer_name:
+            raise bad_input("consumer_name: must not be empty", "bad_consumer_name")
+        served = self.host.topics.get(str(topic))
+        if served is None or not served.accepting:
+            await self._not_here(topic, None, create=False)
+            raise AssertionError("unreachable")
+        handle = await served.subscribe(
+            request.subscription,
+            sub_type,
+            request.consumer_name,
+            tuple(request.key_filters),
+            self.host.clock.now(),
+        )
+        self.host.add_consumer(handle)
+        return pb.ConsumerResponse(
+            request_id=request.request_id, consumer_id=handle.id, consumer_name=handle.name
+        )
+
+    async def ReceiveMessages(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        """Stream the consumer's messages until it is taken over, leaves or goes away."""
+        handle = self.host.consumers.get(request.consumer_id)
+        if handle is None or handle.closing:
+            # A consumer of a topic that left: slow its reopen loop down (the close
+            # handshake normally prevents it).
+            self.host.counters.reject("ReceiveMessages", "unknown_consumer")
+            await asyncio.sleep(UNKNOWN_CONSUMER_DELAY)
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"consumer {request.consumer_id} is not registered on this broker",
+            )
+            return
+        queue = handle.attach()
+        handle.last_seen = self.host.clock.now()
+        metadata = context.invocation_metadata() or ()
+        relay = any(item[0] == RELAY_HEADER for item in metadata)
+        counter = self.host.counters.messages_out
+        try:
+            while True:
+                delivery = await queue.get()
+                if delivery is None or handle.close_sent:
+                    return
+                counter.inc()
+                if delivery.relayed:
+                    handle.recent.append((self.host.clock.now(), delivery))
+                yield delivery.message
+        finally:
+            handle.last_seen = self.host.clock.now()
+            handle.detach(queue, keep_sent=relay)
+
+    @_rpc("Ack")
+    async def Ack(self, request: Any, context: Any) -> Any:
+        msg_id = request.msg_id
+        served = self.host.topics.get(msg_id.topic_name)
+        if served is not None:
+            await served.ack(request.subscription_name, msg_id.topic_offset)
+        else:
+            relay = self.host.relay_for(msg_id.topic_name, request.subscription_name)
+            if relay is not None:
+                await relay.ack(request)
+        return pb.AckResponse(request_id=request.request_id)
+
+    @_rpc("Nack")
+    async def Nack(self, request: Any, context: Any) -> Any:
+        msg_id = request.msg_id
+        served = self.host.topics.get(msg_id.topic_name)
+        if served is not None:
+            delay = request.delay_ms / 1000.0 if request.HasField("delay_ms") else 0.0
+            served.nack(request.subscription_name, msg_id.topic_offset, delay)
+        else:
+            relay = self.host.relay_for(msg_id.topic_name, request.subscription_name)
+            if relay is not None:
+                await relay.nack(request)
+        return pb.NackResponse(request_id=request.request_id)
+
+    # -- health ----------------------------------------------------------------------------
+
+    @_rpc("HealthCheck")
+    async def HealthCheck(self, request: Any, context: Any) -> Any:
+        now = self.host.clock.now()
+        if request.client == CLIENT_PRODUCER:
+            entry = self.host.producers.get(request.id)
+            if entry is None:
+                return pb.HealthCheckResponse(status=HEALTH_CLOSE)
+            entry.last_seen = now
+            return pb.HealthCheckResponse(status=HEALTH_OK)
+        if request.client == CLIENT_CONSUMER:
+            handle = self.host.consumers.get(request.id)
+            if handle is None:
+                return pb.HealthCheckResponse(status=HEALTH_CLOSE)
+            if handle.closing:
+                self.host.on_close_sent(handle)
+                return pb.HealthCheckResponse(status=HEALTH_CLOSE)
+            handle.last_seen = now
+            return pb.HealthCheckResponse(status=HEALTH_OK)
+        raise bad_input(
+            f"client: unknown client type {request.client} (0 = Producer, 1 = Consumer)",
+            "bad_client_type",
+        )

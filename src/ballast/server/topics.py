@@ -1,0 +1,327 @@
+"""Topics as a broker serves them: producers, publishing, subscriptions, figures, leaving.
+
+`ReliableServedTopic` keeps messages in the storage engine (`ballast.storage`): the WAL
+assigns offsets, subscriptions read through the tiered reader from their persisted cursor
+and the seal on a move hands everything to the next owner. `NonReliableServedTopic` fans
+messages out in memory and keeps nothing. A stored message is the producer's
+`StreamMessage` as received, so delivery gives back every field (attributes, routing key,
+publish time, producer name); the topic stamps the offset, the topic name and the
+subscription name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from ballast.aio import cancel_and_wait
+from ballast.model import TopicLoad
+from ballast.server.dispatch import ConsumerHandle, Delivery, SubscriptionDispatcher, new_id
+from ballast.server.errors import not_served
+from ballast.server.protocol import pb
+from ballast.storage import (
+    ReliableTopic,
+    SealedState,
+    TopicFencedError,
+    TopicStateError,
+    WalError,
+)
+
+__all__ = [
+    "NonReliableServedTopic",
+    "ProducerEntry",
+    "ReliableServedTopic",
+    "ServedTopic",
+    "TopicState",
+]
+
+log = logging.getLogger(__name__)
+
+
+class TopicState(StrEnum):
+    """A served topic's lifecycle on this broker."""
+
+    OPEN = "open"
+    CLOSING = "closing"  # leaving: producers and consumers are sent elsewhere
+    CLOSED = "closed"
+
+
+@dataclass(eq=False)
+class ProducerEntry:
+    """A producer registered on a served topic."""
+
+    id: int
+    name: str
+    topic: ServedTopic
+    last_seen: float
+
+
+class ServedTopic:
+    """What every served topic has: producers, subscriptions, counters, a state."""
+
+    reliable: bool = False
+
+    def __init__(self, name: str, *, window: int, buffer: int, now: float) -> None:
+        self.name = name
+        self.window = window
+        self.buffer = buffer
+        self.state = TopicState.OPEN
+        self.producers: dict[str, ProducerEntry] = {}
+        self.subscriptions: dict[str, SubscriptionDispatcher] = {}
+        self.msgs_in = 0
+        self.bytes_in = 0
+        self._sample = (now, 0, 0, 0, 0)  # time, msgs in, bytes in, msgs out, bytes out
+        self._lock = asyncio.Lock()
+
+    @property
+    def accepting(self) -> bool:
+        """Whether producers and consumers may use the topic here."""
+        return self.state is TopicState.OPEN
+
+    def _require_open(self) -> None:
+        if not self.accepting:
+            raise not_served(f"topic {self.name} is moving to another broker; redo the lookup")
+
+    # -- producers -----------------------------------------------------------------------
+
+    def add_producer(self, name: str, now: float) -> ProducerEntry:
+        """The producer named `name`: the existing one (a reconnect) or a new one."""
+        self._require_open()
+        entry = self.producers.get(name)
+        if entry is None:
+            entry = ProducerEntry(new_id(), name, self, now)
+            self.producers[name] = entry
+        entry.last_seen = now
+        return entry
+
+    async def publish(self, message: Any) -> int:
+        """Store (or fan out) one message; returns its offset."""
+        raise NotImplementedError
+
+    # -- consumers -----------------------------------------------------------------------
+
+    async def subscribe(
+        self,
+        subscription: str,
+        sub_type: str,
+        consumer_name: str,
+        key_filters: tuple[str, ...],
+        now: float,
+    ) -> ConsumerHandle:
+        """Join (or rejoin) a subscription, creating it on first use."""
+        self._require_open()
+        async with self._lock:
+            dispatcher = self.subscriptions.get(subscription)
+            if dispatcher is None:
+                dispatcher = await self._open_subscription(subscription, sub_type)
+                self.subscriptions[subscription] = dispatcher
+        self._require_open()
+        return dispatcher.join(consumer_name, sub_type, key_filters, now)
+
+    async def _open_subscription(self, name: str, sub_type: str) -> SubscriptionDispatcher:
+        raise NotImplementedError
+
+    async def ack(self, subscription: str, offset: int) -> None:
+        """Acknowledge one message of `subscription` (unknown ones are fine)."""
+        dispatcher = self.subscriptions.get(subscription)
+        if dispatcher is not None:
+            dispatcher.ack(offset)
+
+    def nack(self, subscription: str, offset: int, delay_seconds: float) -> None:
+        """Redeliver one message of `subscription` after the delay."""
+        dispatcher = self.subscriptions.get(subscription)
+        if dispatcher is not None:
+            dispatcher.nack(offset, delay_seconds)
+
+    def consumers(self) -> list[ConsumerHandle]:
+        """Every consumer of every subscription."""
+        return [c for d in self.subscriptions.values() for c in d.consumers.values()]
+
+    # -- leaving -------------------------------------------------------------------------
+
+    async def leave(self) -> SealedState | None:
+        """Stop serving: refuse producers, start the consumers' close handshake, seal."""
+        self.state = TopicState.CLOSING
+        for dispatcher in self.subscriptions.values():
+            dispatcher.close()
+            for consumer in dispatcher.consumers.values():
+                consumer.closing = True
+        try:
+            return await self._seal()
+        finally:
+            self.state = TopicState.CLOSED
+
+    async def _seal(self) -> SealedState | None:
+        return None
+
+    # -- figures -------------------------------------------------------------------------
+
+    def backlog(self) -> int:
+        """Messages after the slowest subscription's position."""
+        return sum(d.waiting for d in self.subscriptions.values())
+
+    def sample(self, now: float) -> TopicLoad:
+        """Rates since the previous sample, and the current counts."""
+        msgs_out = sum(d.delivered for d in self.subscriptions.values())
+        bytes_out = sum(d.delivered_bytes for d in self.subscriptions.values())
+        then, m_in, b_in, m_out, b_out = self._sample
+        self._sample = (now, self.msgs_in, self.bytes_in, msgs_out, bytes_out)
+        dt = max(now - then, 1e-3)
+        return TopicLoad(
+            topic=self.name,
+            msg_rate=(self.msgs_in - m_in + msgs_out - m_out) / dt,
+            byte_rate=(self.bytes_in - b_in + bytes_out - b_out) / dt,
+            producers=len(self.producers),
+            consumers=sum(
+                1 for d in self.subscriptions.values() for c in d.consumers.values() if c.connected
+            ),
+            subscriptions=len(self.subscriptions),
+            backlog=max(0, self.backlog()),
+        )
+
+
+def _delivery(message: Any, offset: int, size: int) -> Delivery:
+    key = message.routing_key if message.HasField("routing_key") else message.producer_name
+    return Delivery(offset, message, key, size)
+
+
+class NonReliableServedTopic(ServedTopic):
+    """In-memory fan-out: each subscription gets each message once, at most; no storage."""
+
+    reliable = False
+
+    def __init__(self, name: str, *, window: int, buffer: int, now: float) -> None:
+        super().__init__(name, window=window, buffer=buffer, now=now)
+        self._next_offset = 0
+
+    async def publish(self, message: Any) -> int:
+        self._require_open()
+        offset = self._next_offset
+        self._next_offset += 1
+        size = len(message.payload)
+        self.msgs_in += 1
+        self.bytes_in += size
+        message.msg_id.topic_offset = offset
+        message.msg_id.topic_name = self.name
+        for dispatcher in self.subscriptions.values():
+            copy = pb.StreamMessage()
+            copy.CopyFrom(message)
+            copy.subscription_name = dispatcher.name
+            dispatcher.offer(_delivery(copy, offset, size))
+        return offset
+
+    async def _open_subscription(self, name: str, sub_type: str) -> SubscriptionDispatcher:
+        return SubscriptionDispatcher(
+            name, sub_type, window=self.window, reliable=False, buffer=self.buffer
+        )
+
+
+class ReliableServedTopic(ServedTopic):
+    """Messages in the storage engine; offsets are the WAL's and survive every move."""
+
+    reliable = True
+
+    def __init__(
+        self, name: str, storage: ReliableTopic, *, window: int, buffer: int, now: float
+    ) -> None:
+        super().__init__(name, window=window, buffer=buffer, now=now)
+        self.storage = storage
+        self._readers: dict[str, asyncio.Task[None]] = {}
+        self._persisted: dict[str, int] = {}
+
+    async def publish(self, message: Any) -> int:
+        self._require_open()
+        key = message.routing_key.encode() if message.HasField("routing_key") else None
+        try:
+            offset = await self.storage.append(message.SerializeToString(), key=key)
+        except (TopicStateError, WalError) as exc:
+            raise not_served(
+                f"topic {self.name} stopped taking messages here ({exc}); redo the lookup",
+                "topic_sealing",
+            ) from None
+        self.msgs_in += 1
+        self.bytes_in += len(message.payload)
+        return offset
+
+    async def _open_subscription(self, name: str, sub_type: str) -> SubscriptionDispatcher:
+        position = await self.storage.subscribe(name)
+        start = position.start_offset
+        dispatcher = SubscriptionDispatcher(
+            name,
+            sub_type,
+            window=self.window,
+            reliable=True,
+            buffer=self.buffer,
+            start_cursor=start - 1,
+        )
+        self._persisted[name] = start - 1
+        self._readers[name] = asyncio.create_task(
+            self._read(dispatcher, start), name=f"topic{self.name}/read/{name}"
+        )
+        return dispatcher
+
+    async def _read(self, dispatcher: SubscriptionDispatcher, start: int) -> None:
+        """Feed the dispatcher from storage (objects, WAL, then live), as it has room."""
+        try:
+            async for tiered in self.storage.read(start, live=True):
+                await dispatcher.wait_for_space()
+                if dispatcher.closed:
+                    return
+                record = tiered.record
+                message = pb.StreamMessage.FromString(record.payload)
+                message.msg_id.topic_offset = record.offset
+                message.msg_id.topic_name = self.name
+                message.subscription_name = dispatcher.name
+                dispatcher.offer(_delivery(message, record.offset, len(message.payload)))
+                await self._persist(dispatcher)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            if self.accepting:
+                log.exception("topic %s: reader of %s failed", self.name, dispatcher.name)
+
+    async def ack(self, subscription: str, offset: int) -> None:
+        dispatcher = self.subscriptions.get(subscription)
+        if dispatcher is None:
+            return
+        dispatcher.ack(offset)
+        await self._persist(dispatcher)
+
+    async def _persist(self, dispatcher: SubscriptionDispatcher) -> None:
+        if dispatcher.cursor > self._persisted.get(dispatcher.name, -1) and self.accepting:
+            self._persisted[dispatcher.name] = dispatcher.cursor
+            with contextlib.suppress(TopicStateError, ValueError):
+                await self.storage.ack(dispatcher.name, dispatcher.cursor)
+
+    def backlog(self) -> int:
+        if not self.subscriptions or self.state is not TopicState.OPEN:
+            return 0
+        slowest = min(d.cursor for d in self.subscriptions.values())
+        return max(0, self.storage.next_offset - 1 - slowest)
+
+    async def _seal(self) -> SealedState | None:
+        for task in list(self._readers.values()):
+            await cancel_and_wait(task)
+        self._readers.clear()
+        last_error: BaseException | None = None
+        for attempt in range(3):
+            try:
+                return await self.storage.seal()
+            except TopicFencedError as exc:
+                # Another broker claimed the topic (we lost our session): nothing to seal.
+                log.warning("topic %s: not sealed: %s", self.name, exc)
+                return None
+            except TopicStateError:
+                raise
+            except Exception as exc:  # object storage or metadata store unreachable
+                last_error = exc
+                log.warning("topic %s: seal attempt %d failed: %s", self.name, attempt + 1, exc)
+                await asyncio.sleep(0.5)
+        log.error("topic %s: could not seal (%s); closing unsealed", self.name, last_error)
+        with contextlib.suppress(Exception):
+            await self.storage.close()
+        return None

@@ -1,0 +1,245 @@
+"""Topics that move keep every message: lookups redirect, producers and consumers of the
+real client follow the topic to its new owner by themselves, offsets continue."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+from ballast.cluster import AdminClient
+from ballast.metadata.etcd import EtcdStore
+from tests.server.helpers import (
+    DataCluster,
+    DispatchStrategy,
+    SubType,
+    data_config,
+    new_client,
+    wait_until,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+
+async def receive_and_ack(consumer: Any, queue: asyncio.Queue[Any], count: int) -> list[Any]:
+    """Receive `count` messages, acking each as it arrives (as a consumer does)."""
+    got = []
+    for _ in range(count):
+        got.append(await queue.get())
+        await consumer.ack(got[-1])
+    return got
+
+
+async def reliable_producer(client: Any, topic: str, name: str = "p1") -> Any:
+    producer = (
+        client.new_producer()
+        .with_topic(topic)
+        .with_name(name)
+        .with_dispatch_strategy(DispatchStrategy.RELIABLE)
+        .build()
+    )
+    await producer.create()
+    return producer
+
+
+async def exclusive_consumer(client: Any, topic: str, sub: str = "s1") -> Any:
+    consumer = (
+        client.new_consumer()
+        .with_topic(topic)
+        .with_consumer_name("c1")
+        .with_subscription(sub)
+        .with_subscription_type(SubType.EXCLUSIVE)
+        .build()
+    )
+    await consumer.subscribe()
+    return consumer
+
+
+async def test_lookup_at_a_non_owner_redirects_and_a_pinned_producer_recovers(
+    cluster: DataCluster,
+) -> None:
+    b2 = await cluster.start_broker("b2")
+    client = await new_client(cluster.brokers["b1"].url)
+    producer = await reliable_producer(client, "/default/mv1")
+    owner = await cluster.wait_served("/default/mv1")
+    other = b2 if owner is cluster.brokers["b1"] else cluster.brokers["b1"]
+    # Any broker answers the lookup: the non-owner redirects to the owner's address.
+    reply = await client.lookup_service.lookup_topic(other.url, "/default/mv1")
+    assert reply.response_type == 0  # Redirect
+    assert reply.broker_url == reply.connect_url == owner.url
+    reply = await client.lookup_service.lookup_topic(owner.url, "/default/mv1")
+    assert reply.response_type == 1  # Connect
+    # The producer is pinned to the owner; the topic moves; sends go on by themselves.
+    await producer.send(b"before")
+    await AdminClient(cluster.store).unload_topic("/default/mv1")
+    for i in range(3):
+        await producer.send(f"after{i}".encode())
+    new_owner = cluster.owner("/default/mv1")
+    assert new_owner is other
+    storage = new_owner.host.topics["/default/mv1"].storage  # type: ignore[attr-defined]
+    assert storage.next_offset == 4  # offsets 0..3, continuous across the move
+    await producer.close()
+
+
+async def test_unload_anchor_consumer_gets_exactly_the_unacked_and_the_new(
+    cluster: DataCluster,
+) -> None:
+    """Danube's anchor: produce 0-9, ack 0-4, unload, produce 8 more: 5..17 arrive."""
+    await cluster.start_broker("b2")
+    client = await new_client(cluster.brokers["b1"].url)
+    producer = await reliable_producer(client, "/default/anchor")
+    consumer = await exclusive_consumer(client, "/default/anchor")
+    queue = await consumer.receive()
+    for i in range(10):
+        await producer.send(f"m{i}".encode())
+    first = [await asyncio.wait_for(queue.get(), 10) for _ in range(10)]
+    assert [m.msg_id.topic_offset for m in first] == list(range(10))
+    for m in first[:5]:
+        await consumer.ack(m)
+    source = cluster.owner("/default/anchor")
+    reader = asyncio.create_task(receive_and_ack(consumer, queue, 13))
+    await AdminClient(cluster.store).unload_topic("/default/anchor")
+    for i in range(10, 18):
+        await producer.send(f"m{i}".encode())
+    after = await asyncio.wait_for(reader, 30)
+    assert [m.msg_id.topic_offset for m in after] == list(range(5, 18))
+    assert [m.payload for m in after] == [f"m{i}".encode() for i in range(5, 18)]
+    target = cluster.owner("/default/anchor")
+    assert target is not None and target is not source
+    # The new owner continued after the seal: 5..9 came from object storage, 10.. its WAL.
+    opened = target.host.topics["/default/anchor"].storage.opened  # type: ignore[attr-defined]
+    assert (opened.next_offset, opened.source.value) == (10, "sealed")
+    await asyncio.sleep(0.5)
+    assert queue.empty()  # and nothing more: each of 5..17 exactly once
+    await consumer.close()
+    await producer.close()
+
+
+async def test_a_moving_consumer_is_relayed_without_waiting_for_its_health_check(
+    cluster: DataCluster,
+) -> None:
+    """The old owner feeds the open stream from the new owner: messages keep flowing long
+    before the client's next health check (every 5 s) would move it; acks pass on."""
+    await cluster.start_broker("b2")
+    client = await new_client(cluster.brokers["b1"].url)
+    producer = await reliable_producer(client, "/default/relay")
+    consumer = await exclusive_consumer(client, "/default/relay")
+    queue = await consumer.receive()
+    await producer.send(b"0")
+    first = await asyncio.wait_for(queue.get(), 10)
+    await consumer.ack(first)
+    source = cluster.owner("/default/relay")
+    assert source is not None
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await AdminClient(cluster.store).unload_topic("/default/relay")
+
+    async def moved() -> bool:
+        owner = cluster.owner("/default/relay")
+        return owner is not None and owner is not source
+
+    await wait_until(moved, 10, "the topic to move")
+    target = cluster.owner("/default/relay")
+    assert target is not None
+    # Sent to the new owner directly (another client), received through the relay.
+    other = await new_client(target.url)
+    direct = await reliable_producer(other, "/default/relay", name="p2")
+    await direct.send(b"1")
+    message = await asyncio.wait_for(queue.get(), 10)
+    assert (message.msg_id.topic_offset, message.payload) == (1, b"1")
+    assert loop.time() - start < 3.0
+    await consumer.ack(message)  # to the old owner, passed on to the new one
+    dispatcher = target.host.topics["/default/relay"].subscriptions["s1"]
+
+    async def acked() -> bool:
+        return dispatcher.cursor == 1
+
+    await wait_until(acked, 5, "the relayed ack to reach the new owner")
+    await consumer.close()
+    await producer.close()
+    await direct.close()
+
+
+async def test_a_reliable_topic_on_s3_moves_and_replays_from_the_objects(
+    etcd_store: EtcdStore, tmp_path: Path
+) -> None:
+    """Objects in s3:// (moto's S3 server): the new owner replays what the old one sealed."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        boto3.client(
+            "s3", endpoint_url=endpoint, region_name="us-east-1",
+            aws_access_key_id="testing", aws_secret_access_key="testing",
+        ).create_bucket(Bucket="ballast-dataplane")  # fmt: skip
+        base = data_config(tmp_path)
+        options = {
+            "key": "testing",
+            "secret": "testing",
+            "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+            "skip_instance_cache": True,
+        }
+        storage = base.storage.model_copy(
+            update={"object_store": "s3://ballast-dataplane/t", "object_store_options": options}
+        )
+        async with DataCluster(etcd_store, base.model_copy(update={"storage": storage})) as c:
+            await c.start_broker("s1")
+            await c.start_broker("s2")
+            client = await new_client(c.brokers["s1"].url)
+            producer = await reliable_producer(client, "/default/s3")
+            consumer = await exclusive_consumer(client, "/default/s3")
+            queue = await consumer.receive()
+            for i in range(5):
+                await producer.send(f"{i}".encode())
+            first = [await asyncio.wait_for(queue.get(), 10) for _ in range(5)]
+            await consumer.ack(first[0])
+            source = c.owner("/default/s3")
+            await AdminClient(c.store).unload_topic("/default/s3")
+            await producer.send(b"5")
+            after = []
+            for _ in range(5):  # 1..4 again from the objects on S3, then 5
+                after.append(await asyncio.wait_for(queue.get(), 20))
+                await consumer.ack(after[-1])
+            assert [m.msg_id.topic_offset for m in after] == [1, 2, 3, 4, 5]
+            target = c.owner("/default/s3")
+            assert target is not None and target is not source
+            assert source is not None and source.host.stats.objects_uploaded >= 1
+            await consumer.close()
+            await producer.close()
+    finally:
+        server.stop()
+
+
+async def test_close_handshake_without_relay_moves_the_consumer_with_no_reopen_spin(
+    etcd_store: EtcdStore, tmp_path: Path
+) -> None:
+    """Relay off: the old owner keeps the stream open, answers CLOSE on the next health
+    check, then ends the stream; the client re-subscribes on the new owner at once."""
+    config = data_config(tmp_path, data_plane={"relay_moving_consumers": False})
+    async with DataCluster(etcd_store, config) as c:
+        await c.start_broker("h1")
+        await c.start_broker("h2")
+        client = await new_client(c.brokers["h1"].url)
+        producer = await reliable_producer(client, "/default/hs")
+        consumer = await exclusive_consumer(client, "/default/hs")
+        queue = await consumer.receive()
+        await producer.send(b"0")
+        await consumer.ack(await asyncio.wait_for(queue.get(), 10))
+        source = c.owner("/default/hs")
+        assert source is not None
+        await AdminClient(c.store).unload_topic("/default/hs")
+        await producer.send(b"1")
+        message = await asyncio.wait_for(queue.get(), 15)  # within one health period
+        assert (message.msg_id.topic_offset, message.payload) == (1, b"1")
+        target = c.owner("/default/hs")
+        assert target is not None and target is not source
+        # No reopen spin: the client never opened a stream for an id the source forgot.
+        assert source.host.counters.rejected_count("ReceiveMessages", "unknown_consumer") == 0
+        await consumer.ack(message)
+        await consumer.close()
+        await producer.close()
