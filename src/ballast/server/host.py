@@ -29,6 +29,7 @@ from ballast.server.directory import Directory
 from ballast.server.dispatch import ConsumerHandle, drain
 from ballast.server.metrics import DataPlaneMetrics
 from ballast.server.relay import ConsumerRelay
+from ballast.server.salvage import salvage_crashed_wal
 from ballast.server.topics import (
     NonReliableServedTopic,
     ProducerEntry,
@@ -123,6 +124,8 @@ class DataPlaneHost:
         window, buffer = self.settings.unacked_window, self.settings.non_reliable_queue
         served: ServedTopic
         if meta.get(DISPATCH_KEY) == RELIABLE:
+            # A crashed owner's acknowledged messages not yet uploaded: take its WAL.
+            await salvage_crashed_wal(self.store, self.wal_dir.parent, self.broker_id, name)
             storage = ReliableTopic(
                 name,
                 broker_id=self.broker_id,
