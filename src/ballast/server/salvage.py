@@ -22,7 +22,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from ballast.metadata import MetadataStore, keys
+from ballast.metadata import MetadataError, MetadataStore, keys
 from ballast.model import TopicName
 from ballast.storage import SealedState
 from ballast.storage.seal import StateError
@@ -40,7 +40,11 @@ async def salvage_crashed_wal(
     Only an unsealed state written by another broker counts as a crash (a graceful move
     seals first, and then the object store holds everything).
     """
-    kv = await store.get(keys.storage_state(topic))
+    try:
+        kv = await store.get(keys.storage_state(topic))
+    except MetadataError as exc:
+        log.warning("%s: cannot read the state of %s to salvage a WAL: %s", broker_id, topic, exc)
+        return None
     if kv is None:
         return None
     try:
