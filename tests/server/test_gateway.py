@@ -30,6 +30,8 @@ class Traffic:
         self.errors: list[str] = []
         self.received: list[tuple[int, int, float]] = []  # (seq, offset, when)
         self.stop = asyncio.Event()
+        self.running = asyncio.Event()  # cleared: the consumer takes nothing from its queue
+        self.running.set()
         self.tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -59,13 +61,14 @@ class Traffic:
                 except grpc.aio.AioRpcError as exc:
                     self.errors.append(f"{exc.code().name}: {exc.details()}")
                 seq += 1
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.005)
         finally:
             await producer.close()
 
     async def _consume(self, consumer: Any, queue: asyncio.Queue[Any]) -> None:
         try:
             while True:
+                await self.running.wait()
                 msg = await queue.get()
                 self.received.append(
                     (int(msg.payload.decode()), msg.msg_id.topic_offset, time.monotonic())
@@ -116,9 +119,13 @@ async def test_lookup_through_the_gateway_names_the_owner_and_proxies(
 async def test_clients_survive_the_sigkill_of_the_owner(
     etcd_store: EtcdStore, etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
-    procs = Processes(
-        etcd_server.client_url, write_config(tmp_path / "c.yaml", tmp_path / "data"), etcd_store
+    # Nothing reaches the object store before the kill: the acknowledged messages live
+    # only in the killed owner's WAL, which the next owner salvages.
+    config = write_config(
+        tmp_path / "c.yaml", tmp_path / "data", storage={"upload_interval_seconds": 60},
+        data_plane={"unacked_window": 50},
     )
+    procs = Processes(etcd_server.client_url, config, etcd_store)
     traffic: Traffic | None = None
     try:
         await procs.start_broker("k1")
@@ -133,10 +140,20 @@ async def test_clients_survive_the_sigkill_of_the_owner(
             return len(t.received) >= 20
 
         await wait_until(flowing, 30, "messages to flow through the gateway")
+        # The consumer falls behind by more than its client-side queue holds (100), so
+        # some acknowledged messages are only in the owner's WAL when it is killed.
+        t.running.clear()
+        backlog = len(t.acked)
+
+        async def behind() -> bool:
+            return len(t.acked) > backlog + 150
+
+        await wait_until(behind, 30, "the consumer to fall behind")
         victim = await procs.owner(topic)
         assert victim in ("k1", "k2")
         killed_at = time.monotonic()
         await procs.kill(victim)
+        t.running.set()
 
         async def recovered() -> bool:
             return any(when > killed_at + 0.5 for _, _, when in t.received) and any(
