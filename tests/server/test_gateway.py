@@ -103,7 +103,9 @@ async def test_lookup_through_the_gateway_names_the_owner_and_proxies(
         await producer.send(b"x")
         async with grpc.aio.insecure_channel(gateway) as channel:
             stub = pb_grpc.DiscoveryStub(channel)
-            answer = await stub.TopicLookup(pb.TopicLookupRequest(request_id=7, topic="/default/gw"))
+            answer = await stub.TopicLookup(
+                pb.TopicLookupRequest(request_id=7, topic="/default/gw")
+            )
             assert answer.response_type == CONNECT
             assert (answer.connect_url, answer.broker_url, answer.proxy) == (gateway, url, True)
             with pytest.raises(grpc.aio.AioRpcError) as missing:
@@ -122,7 +124,9 @@ async def test_clients_survive_the_sigkill_of_the_owner(
     # Nothing reaches the object store before the kill: the acknowledged messages live
     # only in the killed owner's WAL, which the next owner salvages.
     config = write_config(
-        tmp_path / "c.yaml", tmp_path / "data", storage={"upload_interval_seconds": 60},
+        tmp_path / "c.yaml",
+        tmp_path / "data",
+        storage={"upload_interval_seconds": 60},
         data_plane={"unacked_window": 50},
     )
     procs = Processes(etcd_server.client_url, config, etcd_store)

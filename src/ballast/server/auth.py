@@ -193,9 +193,7 @@ class TokenAuthority:
                 unauthenticated, "token signature is invalid (forged, or another key)"
             ) from None
         except jwt.InvalidIssuerError:
-            raise AuthError(
-                unauthenticated, f"token issuer is not {self.issuer!r}"
-            ) from None
+            raise AuthError(unauthenticated, f"token issuer is not {self.issuer!r}") from None
         except jwt.InvalidTokenError as exc:
             raise AuthError(unauthenticated, f"token rejected: {exc}") from None
         perms: dict[str, frozenset[Permission]] = {}

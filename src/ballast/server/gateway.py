@@ -301,7 +301,9 @@ class Gateway(grpc.GenericRpcHandler):
                 ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
                 ("grpc.so_reuseport", 0),
             ],
-            interceptors=interceptors(self.config, lambda rpc, code: self._count(f"refused_{code}")),
+            interceptors=interceptors(
+                self.config, lambda rpc, code: self._count(f"refused_{code}")
+            ),
         )
         server.add_generic_rpc_handlers((self,))
         address = f"{self.bind_host}:{self.bind_port}"
@@ -386,8 +388,7 @@ class Gateway(grpc.GenericRpcHandler):
         name = route.url if route is not None else header or "the topic's broker"
         return _Abort(
             grpc.StatusCode.UNAVAILABLE,
-            f"broker {name} is gone or unreachable; look the topic up again "
-            "(through this gateway)",
+            f"broker {name} is gone or unreachable; look the topic up again (through this gateway)",
         )
 
     async def _forward(
