@@ -60,7 +60,7 @@ NON_RELIABLE = "non_reliable"
 # every 5 s while it lives).
 CONSUMER_IDLE_SECONDS = 30.0
 PRODUCER_IDLE_SECONDS = 60.0
-CLOSE_AFTER_HEALTH_SECONDS = 0.2
+CLOSE_AFTER_HEALTH_SECONDS = 0.5  # lets the client's acks of what it got arrive first
 RELAY_ACK_SECONDS = 3.0
 
 
