@@ -108,6 +108,11 @@ class DataPlaneServer:
         if server is not None:
             await server.stop(self.grace)
 
+    async def stop_now(self) -> None:
+        """Drop every connection at once, as a crashed process would (the demo's kill)."""
+        self.grace = 0.0
+        await self.stop()
+
     async def __aenter__(self) -> Self:
         await self.start()
         return self
