@@ -235,3 +235,20 @@ def test_token_claims_and_permissions() -> None:
     admin = authority.verify(authority.issue("root", {"*": [Permission.ADMIN]}, ttl_seconds=60))
     assert admin.allows("anything", [Permission.PRODUCE])
     assert claims.expires_at is not None and claims.expires_at > time.time()
+
+
+def test_admin_commands_take_a_token(tmp_path: Path, etcd_server: Any) -> None:
+    config = tmp_path / "auth.yaml"
+    config.write_text(f"auth: {{mode: jwt, secret: '{SECRET}'}}\n")
+    runner = CliRunner()
+    base = ["admin", "--auth-config", str(config)]
+    listing = ["namespaces", "list", "--etcd", etcd_server.client_url]
+    missing = runner.invoke(app, [*base, *listing])
+    assert missing.exit_code == 2 and "UNAUTHENTICATED" in missing.output
+    weak = token({"default": [Permission.PRODUCE, Permission.CONSUME]})
+    denied = runner.invoke(app, [*base, "--token", weak, *listing])
+    assert denied.exit_code == 2 and "PERMISSION_DENIED" in denied.output
+    assert "'admin'" in denied.output
+    admin = token({"*": [Permission.ADMIN]})
+    allowed = runner.invoke(app, [*base, "--token", admin, *listing])
+    assert allowed.exit_code == 0, allowed.output

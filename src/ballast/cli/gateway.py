@@ -89,8 +89,54 @@ def register(app: typer.Typer) -> None:
             raise _fail(str(exc), 2) from None
 
 
+def check_admin_token(token: str | None, config: Path | None) -> str | None:
+    """With ``auth.mode: jwt`` in `config`, the token must grant ``admin``; its subject.
+
+    Errors say UNAUTHENTICATED (missing, expired, forged) or PERMISSION_DENIED (no admin
+    permission). Without an auth configuration nothing is checked (None).
+    """
+    from ballast.server.auth import AuthError, Permission, TokenAuthority
+
+    if config is None:
+        return None
+    settings = load_config(config).auth
+    if settings.mode != "jwt":
+        return None
+    authority = TokenAuthority(settings)
+    metadata = [("authorization", f"Bearer {token}")] if token else []
+    try:
+        claims = authority.authorize(metadata, "*", (Permission.ADMIN,))
+    except AuthError as exc:
+        raise ValueError(f"{exc.code.name}: {exc.message}") from None
+    return claims.subject
+
+
 def register_tokens(admin_app: typer.Typer) -> None:
-    """Add `tokens create` to the admin commands."""
+    """Add `tokens create` to the admin commands, and the admin token check."""
+
+    @admin_app.callback()
+    def admin_options(
+        ctx: typer.Context,
+        token: Annotated[
+            str | None,
+            typer.Option("--token", envvar="BALLAST_TOKEN", help="JWT with the admin permission."),
+        ] = None,
+        auth_config: Annotated[
+            Path | None,
+            typer.Option(
+                "--auth-config",
+                envvar="BALLAST_AUTH_CONFIG",
+                help="YAML whose auth section verifies --token (mode: jwt).",
+            ),
+        ] = None,
+    ) -> None:
+        """Operate a running cluster (with auth configured: --token with admin permission)."""
+        if ctx.invoked_subcommand == "tokens":
+            return  # issuing needs the signing key, not a token
+        try:
+            check_admin_token(token, auth_config)
+        except (ConfigError, ValueError) as exc:
+            raise _fail(str(exc), 2) from None
     tokens_app = typer.Typer(help="Issue JWT tokens for clients.", no_args_is_help=True)
 
     @tokens_app.command("create")
