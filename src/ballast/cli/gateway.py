@@ -137,6 +137,7 @@ def register_tokens(admin_app: typer.Typer) -> None:
             check_admin_token(token, auth_config)
         except (ConfigError, ValueError) as exc:
             raise _fail(str(exc), 2) from None
+
     tokens_app = typer.Typer(help="Issue JWT tokens for clients.", no_args_is_help=True)
 
     @tokens_app.command("create")

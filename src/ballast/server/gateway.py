@@ -406,15 +406,36 @@ class Gateway(grpc.GenericRpcHandler):
         if route is None:
             raise self._gone(route, header)
         call = self.links.channel(route.url).unary_unary(method)
-        try:
-            reply = await call(
-                request, metadata=metadata, timeout=self.settings.forward_timeout_seconds
-            )
-        except grpc.aio.AioRpcError as exc:
-            if _connection_lost(exc):
-                raise self._gone(route, header) from None
-            raise _Abort(exc.code(), exc.details() or exc.code().name) from None
-        return reply, route
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.lookup_wait_seconds
+        while True:
+            try:
+                reply = await call(
+                    request, metadata=metadata, timeout=self.settings.forward_timeout_seconds
+                )
+            except grpc.aio.AioRpcError as exc:
+                if _connection_lost(exc):
+                    raise self._gone(route, header) from None
+                if self._still_loading(method, exc, topic, route) and loop.time() < deadline:
+                    # The assigned owner is still opening the topic (after a failover it
+                    # may take a while): wait here instead of spending the client's six
+                    # attempts, after which a consumer gives up for good.
+                    self._count("held_until_served")
+                    await self.table.changed(0.2)
+                    continue
+                raise _Abort(exc.code(), exc.details() or exc.code().name) from None
+            return reply, route
+
+    def _still_loading(
+        self, method: str, exc: grpc.aio.AioRpcError, topic: str | None, route: Route
+    ) -> bool:
+        """UNAVAILABLE to a CreateProducer/Subscribe from the broker the topic is assigned to."""
+        if method not in (_CREATE_PRODUCER, _SUBSCRIBE) or not topic:
+            return False
+        if exc.code() is not grpc.StatusCode.UNAVAILABLE:
+            return False
+        owner = self.table.owner(topic)
+        return owner is not None and owner.url == route.url
 
     async def _unary(
         self,
