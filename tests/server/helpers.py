@@ -54,7 +54,7 @@ def data_config(
     *,
     rebalancing: Mapping[str, Any] | None = None,
     data_plane: Mapping[str, Any] | None = None,
-    ttl: float = 3.0,
+    ttl: float = 10.0,
 ) -> BallastConfig:
     """Short intervals; storage under `data_dir`; brokers on free ports."""
     return parse_config(

@@ -25,6 +25,15 @@ from tests.server.helpers import (
 pytestmark = pytest.mark.timeout(90)
 
 
+async def receive_and_ack(consumer: Any, queue: asyncio.Queue[Any], count: int) -> list[Any]:
+    """Receive `count` messages, acking each as it arrives (as a consumer does)."""
+    got = []
+    for _ in range(count):
+        got.append(await queue.get())
+        await consumer.ack(got[-1])
+    return got
+
+
 async def reliable_producer(client: Any, topic: str, name: str = "p1") -> Any:
     producer = (
         client.new_producer()
@@ -92,13 +101,11 @@ async def test_unload_anchor_consumer_gets_exactly_the_unacked_and_the_new(
     for m in first[:5]:
         await consumer.ack(m)
     source = cluster.owner("/default/anchor")
+    reader = asyncio.create_task(receive_and_ack(consumer, queue, 13))
     await AdminClient(cluster.store).unload_topic("/default/anchor")
     for i in range(10, 18):
         await producer.send(f"m{i}".encode())
-    after = []
-    for _ in range(13):  # acked as they arrive, as a consumer does
-        after.append(await asyncio.wait_for(queue.get(), 20))
-        await consumer.ack(after[-1])
+    after = await asyncio.wait_for(reader, 30)
     assert [m.msg_id.topic_offset for m in after] == list(range(5, 18))
     assert [m.payload for m in after] == [f"m{i}".encode() for i in range(5, 18)]
     target = cluster.owner("/default/anchor")

@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 # After a takeover, messages the previous stream sent stay the consumer's this long (it
 # most likely has them and acks them) before they are redelivered.
-REDELIVERY_GRACE = 2.0
+REDELIVERY_GRACE = 5.0
 
 _FNV_OFFSET = 0xCBF29CE484222325
 _FNV_PRIME = 0x100000001B3
@@ -79,6 +79,7 @@ class Delivery:
     message: Any  # pb.StreamMessage, stamped with the topic name, offset and subscription
     key: str
     size: int
+    relayed: bool = False  # received from the topic's new owner (see `relay`)
 
 
 _join_seq = itertools.count()
@@ -97,6 +98,8 @@ class ConsumerHandle:
     queue: asyncio.Queue[Delivery | None] | None = None  # the open stream's queue
     closing: bool = False  # the topic is leaving: CLOSE on the next health check
     close_sent: bool = False  # CLOSE was answered: send nothing more, the stream ends soon
+    # Relayed messages sent most recently, with when (the client may drop one at CLOSE).
+    recent: deque[tuple[float, Delivery]] = field(default_factory=lambda: deque(maxlen=256))
     last_seen: float = 0.0
 
     @property
@@ -138,13 +141,26 @@ class ConsumerHandle:
             self.dispatcher.requeue(expired)
             self.dispatcher.pump()
 
-    def detach(self, queue: asyncio.Queue[Delivery | None]) -> None:
-        """The stream on `queue` ended; its unacked messages go to the other consumers."""
+    def detach(self, queue: asyncio.Queue[Delivery | None], *, keep_sent: bool = False) -> None:
+        """The stream on `queue` ended; its unacked messages go to the other consumers.
+
+        With `keep_sent` (a relay's stream: the real client is about to attach here and
+        ack what it received), what was sent stays this consumer's for the grace period.
+        """
         if self.queue is not queue:
             return  # taken over already
         self.queue = None
-        self.dispatcher.requeue([*drain(queue), *self.unacked.values()])
-        self.unacked.clear()
+        unsent = drain(queue)
+        for d in unsent:
+            self.unacked.pop(d.offset, None)
+        if keep_sent:
+            self.dispatcher.requeue(unsent)
+            in_flight = list(self.unacked.values())
+            if in_flight:
+                self.dispatcher.schedule(REDELIVERY_GRACE, lambda: self._expire(in_flight))
+        else:
+            self.dispatcher.requeue([*unsent, *self.unacked.values()])
+            self.unacked.clear()
         self.dispatcher.pump()
 
     def end_stream(self) -> None:

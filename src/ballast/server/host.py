@@ -228,17 +228,16 @@ class DataPlaneHost:
         """A departing consumer was told CLOSE: send it nothing more, end its stream soon.
 
         The client drops whatever reaches it after CLOSE, so what still waits in the
-        stream's queue is not sent: the new owner delivers it (it is unacked there, or
-        after the cursor). The stream ends just after, and the client re-subscribes.
+        stream's queue is not sent: the new owner delivers it (the relay gives it back, or
+        it comes after the cursor). The stream ends just after; the client re-subscribes.
         """
         if handle.close_sent:
             return
         handle.close_sent = True
-        if handle.queue is not None:
-            drain(handle.queue)
+        unsent = drain(handle.queue) if handle.queue is not None else []
         relay = self._relays.get(handle.id)
         if relay is not None:
-            relay.end_stream()
+            relay.end_stream(unsent, self.clock.now())
         self._later(CLOSE_AFTER_HEALTH_SECONDS, self._forget_consumer, handle)
 
     def _drop_relay(self, handle: ConsumerHandle) -> None:

@@ -9,6 +9,10 @@ on. When the client finally re-subscribes on the new owner under the same name, 
 the stream over there (the relay's stream ends, and whatever the relay had in flight is
 redelivered to the client): at-least-once, with a pause of about one seal and one
 placement instead of one health-check period.
+
+Once the client is told CLOSE it drops whatever reaches it, so the relay then ends its
+stream (marked as a relay's: the new owner keeps what the client received for the client
+to ack) and gives back (nacks) what the client never got, to be delivered first.
 """
 
 from __future__ import annotations
@@ -25,12 +29,18 @@ from ballast.server.directory import Directory
 from ballast.server.dispatch import ConsumerHandle, Delivery
 from ballast.server.protocol import SUBSCRIPTION_TYPES, pb, pb_grpc
 
-__all__ = ["ConsumerRelay"]
+__all__ = ["RELAY_HEADER", "ConsumerRelay"]
 
 log = logging.getLogger(__name__)
 
 _WIRE_TYPE = {name: number for number, name in SUBSCRIPTION_TYPES.items()}
 RPC_TIMEOUT = 2.0
+# Messages the client never got are nacked back this long after the relay's stream ended.
+GIVE_BACK_AFTER = 0.05
+# A relayed message sent this shortly before CLOSE may have been dropped by the client.
+IN_HAND_SECONDS = 0.05
+# Marks a relay's stream, so the new owner keeps what was sent for the client to ack.
+RELAY_HEADER = "x-ballast-relay"
 
 
 class ConsumerRelay:
@@ -56,6 +66,8 @@ class ConsumerRelay:
         self._call: Any = None
         self._streaming = True
         self._stopped = asyncio.Event()
+        self._give_backs: set[asyncio.Task[None]] = set()
+        self._acked: set[int] = set()
 
     def start(self) -> None:
         """Run in the background (ends by itself; `stop` cancels it)."""
@@ -69,15 +81,46 @@ class ConsumerRelay:
         if self.task is not None and not self.task.done():
             self.task.cancel()
 
-    def end_stream(self) -> None:
+    def end_stream(self, unsent: list[Delivery], now: float) -> None:
         """Stop feeding the client (it was told CLOSE); acks still pass on until `stop`.
 
-        Ending the relay's stream gives the new owner back what the relay held unacked;
-        the client's acks of what it did receive reach the new owner before it re-attaches.
+        The relay's stream ends; the new owner keeps what the client received for it to
+        ack (the stream is marked as a relay's), and takes back at once, in order, what
+        the client never got (`unsent`), so it is delivered first when the client
+        re-attaches there.
         """
         self._streaming = False
         if self._call is not None:
             self._call.cancel()
+        # The client drops a message that reaches it after CLOSE: what was sent just
+        # before and is not acked may be lost with it. Given back, it comes first again
+        # (if the client did get it, its ack reaches the new owner before it re-attaches).
+        suspect = [
+            d
+            for sent_at, d in self.handle.recent
+            if now - sent_at <= IN_HAND_SECONDS and d.offset not in self._acked
+        ]
+        self.give_back([d.message for d in [*suspect, *unsent] if d.relayed])
+
+    def give_back(self, messages: list[Any]) -> None:
+        """Nack relayed messages the client never received (in the background)."""
+        if not messages or self.stub is None:
+            return
+        stub = self.stub
+        requests = [
+            pb.NackRequest(msg_id=m.msg_id, subscription_name=self.subscription, delay_ms=0)
+            for m in messages
+        ]
+
+        async def nack_all() -> None:
+            await asyncio.sleep(GIVE_BACK_AFTER)  # after the stream's end reached the owner
+            for request in requests:
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await stub.Nack(request, timeout=RPC_TIMEOUT)
+
+        task = asyncio.create_task(nack_all(), name=f"relay{self.topic}/give-back")
+        self._give_backs.add(task)
+        task.add_done_callback(self._give_backs.discard)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -118,14 +161,19 @@ class ConsumerRelay:
             if not self._streaming:
                 return
             self.stub = stub
-            self._call = stub.ReceiveMessages(pb.ReceiveRequest(consumer_id=reply.consumer_id))
+            self._call = stub.ReceiveMessages(
+                pb.ReceiveRequest(consumer_id=reply.consumer_id), metadata=((RELAY_HEADER, "1"),)
+            )
             try:
                 async for message in self._call:
                     queue = handle.queue
                     if queue is None or not self._streaming:
+                        self.give_back([message])
                         break
                     offset = message.msg_id.topic_offset
-                    queue.put_nowait(Delivery(offset, message, "", len(message.payload)))
+                    queue.put_nowait(
+                        Delivery(offset, message, "", len(message.payload), relayed=True)
+                    )
                     self.relayed += 1
             except grpc.aio.AioRpcError as exc:
                 log.debug("relay %s: stream ended: %s", self.topic, exc.details())
@@ -139,6 +187,7 @@ class ConsumerRelay:
 
     async def ack(self, request: Any) -> None:
         """Pass an ack on to the new owner (best effort: a lost ack means a redelivery)."""
+        self._acked.add(request.msg_id.topic_offset)
         stub = self.stub
         if stub is not None:
             with contextlib.suppress(grpc.aio.AioRpcError):

@@ -44,6 +44,7 @@ from ballast.server.protocol import (
     pb,
     pb_grpc,
 )
+from ballast.server.relay import RELAY_HEADER
 
 __all__ = ["DataPlaneService"]
 
@@ -324,6 +325,8 @@ class DataPlaneService(
             return
         queue = handle.attach()
         handle.last_seen = self.host.clock.now()
+        metadata = context.invocation_metadata() or ()
+        relay = any(item[0] == RELAY_HEADER for item in metadata)
         counter = self.host.counters.messages_out
         try:
             while True:
@@ -331,10 +334,12 @@ class DataPlaneService(
                 if delivery is None or handle.close_sent:
                     return
                 counter.inc()
+                if delivery.relayed:
+                    handle.recent.append((self.host.clock.now(), delivery))
                 yield delivery.message
         finally:
             handle.last_seen = self.host.clock.now()
-            handle.detach(queue)
+            handle.detach(queue, keep_sent=relay)
 
     @_rpc("Ack")
     async def Ack(self, request: Any, context: Any) -> Any:
