@@ -88,7 +88,7 @@ class Traffic:
         return set(self.acked) - {seq for seq, _, _ in self.received}
 
 
-async def test_lookup_through_the_gateway_names_the_owner_and_proxies(
+async def test_lookups_through_gateways_name_the_owner_and_proxy(
     etcd_store: EtcdStore, etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
     procs = Processes(
@@ -101,6 +101,18 @@ async def test_lookup_through_the_gateway_names_the_owner_and_proxies(
         producer = client.new_producer().with_topic("/default/gw").with_name("p").build()
         await producer.create()
         await producer.send(b"x")
+        # A second gateway side by side: a consumer there gets what went in through the first.
+        other = await procs.start_gateway()
+        assert other != gateway
+        consumer = (
+            (await new_client(other)).new_consumer().with_topic("/default/gw")
+            .with_consumer_name("c").with_subscription("s").build()
+        )  # fmt: skip
+        await consumer.subscribe()
+        queue = await consumer.receive()
+        await producer.send(b"y")
+        assert (await asyncio.wait_for(queue.get(), 15)).payload == b"y"
+        await consumer.close()
         async with grpc.aio.insecure_channel(gateway) as channel:
             stub = pb_grpc.DiscoveryStub(channel)
             answer = await stub.TopicLookup(
