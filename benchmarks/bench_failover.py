@@ -211,14 +211,16 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp, EtcdServer() as server:
         work = Path(tmp)
         async with EtcdStore(server.client_url) as store:
-            result["gateway_overhead"] = await overhead(
-                store, server.client_url, work, args.producers, args.duration
-            )
+            if args.only in ("", "overhead"):
+                result["gateway_overhead"] = await overhead(
+                    store, server.client_url, work, args.producers, args.duration
+                )
             for prefix in (keys.CLUSTER_PREFIX, keys.TOPICS_PREFIX, keys.STORAGE_PREFIX):
                 await store.delete_prefix(prefix)
-            result["failover"] = await failover(
-                store, server.client_url, work, args.topics, args.rate, args.ttl
-            )
+            if args.only in ("", "failover"):
+                result["failover"] = await failover(
+                    store, server.client_url, work, args.topics, args.rate, args.ttl
+                )
     result["loadavg_1m_after"] = os.getloadavg()[0]
     return result
 
@@ -230,6 +232,7 @@ def main() -> None:
     parser.add_argument("--ttl", type=float, default=5.0, help="registration TTL (s)")
     parser.add_argument("--producers", type=int, default=8)
     parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--only", choices=("", "overhead", "failover"), default="")
     args = parser.parse_args()
     print(json.dumps(asyncio.run(main_async(args)), indent=2))
 

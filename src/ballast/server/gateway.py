@@ -182,6 +182,14 @@ class BrokerLinks:
     def __init__(self, credentials: grpc.ChannelCredentials | None) -> None:
         self.credentials = credentials
         self.channels: dict[str, grpc.aio.Channel] = {}
+        self._unary: dict[tuple[str, str], Any] = {}
+
+    def unary(self, url: str, method: str) -> Any:
+        """The (cached) bytes-in, bytes-out callable of `method` on `url`'s channel."""
+        call = self._unary.get((url, method))
+        if call is None:
+            call = self._unary[(url, method)] = self.channel(url).unary_unary(method)
+        return call
 
     def channel(self, url: str) -> grpc.aio.Channel:
         channel = self.channels.get(url)
@@ -213,6 +221,7 @@ class BrokerLinks:
 
     async def close(self) -> None:
         channels, self.channels = self.channels, {}
+        self._unary.clear()
         for channel in channels.values():
             await channel.close()
 
@@ -405,7 +414,7 @@ class Gateway(grpc.GenericRpcHandler):
         route = self._route(header, topic, consumer)
         if route is None:
             raise self._gone(route, header)
-        call = self.links.channel(route.url).unary_unary(method)
+        call = self.links.unary(route.url, method)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.lookup_wait_seconds
         while True:
