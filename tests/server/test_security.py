@@ -252,3 +252,24 @@ def test_admin_commands_take_a_token(tmp_path: Path, etcd_server: Any) -> None:
     admin = token({"*": [Permission.ADMIN]})
     allowed = runner.invoke(app, [*base, "--token", admin, *listing])
     assert allowed.exit_code == 0, allowed.output
+
+
+@pytest.mark.parametrize(
+    ("doc", "needle"),
+    [
+        ({"tls": {"enabled": True}}, "tls.enabled needs cert_file and key_file"),
+        (
+            {"tls": {"require_client_cert": True}},
+            "tls.require_client_cert needs ca_file",
+        ),
+        ({"auth": {"mode": "jwt"}}, "HS256 needs secret or secret_file"),
+        ({"auth": {"mode": "jwt", "algorithm": "RS256"}}, "RS256 needs public_key_file"),
+        ({"auth": {"mode": "basic"}}, "auth.mode"),
+    ],
+)
+def test_security_sections_are_validated(doc: dict[str, Any], needle: str) -> None:
+    from ballast.config import ConfigError
+
+    with pytest.raises(ConfigError) as bad:
+        parse_config(doc)
+    assert needle in str(bad.value)
