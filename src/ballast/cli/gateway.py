@@ -28,7 +28,7 @@ def _fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-async def run_gateway(etcd: str | None, config: BallastConfig, listen: str) -> None:
+async def run_gateway(etcd: str, config: BallastConfig, listen: str) -> None:
     """Serve a gateway until SIGINT/SIGTERM."""
     from ballast.server.gateway import serve_gateway
 
@@ -52,9 +52,9 @@ def register(app: typer.Typer) -> None:
     @app.command("gateway")
     def gateway_cmd(
         etcd: Annotated[
-            str | None,
-            typer.Option("--etcd", envvar="BALLAST_ETCD", help="etcd endpoints."),
-        ] = None,
+            str,
+            typer.Option("--etcd", envvar="BALLAST_ETCD", help="etcd endpoints (the brokers')."),
+        ] = "http://127.0.0.1:2379",
         listen: Annotated[
             str | None,
             typer.Option("--listen", help="host:port to serve on (port 0: a free one)."),
