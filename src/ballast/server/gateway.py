@@ -59,7 +59,7 @@ BROKER_HEADER = "x-danube-broker-url"
 _FORWARDED_HEADERS = ("authorization",)
 _CACHE_IDS = 100_000
 _CLOSE_DELAY = 0.2  # end a held stream this long after its CLOSE went out
-_REACH_TIMEOUT = 1.0
+_REACH_TIMEOUT = 0.25  # a probe of a dead owner must not hold up noticing its heir
 
 _LOOKUP = "/danube.Discovery/TopicLookup"
 _PARTITIONS = "/danube.Discovery/TopicPartitions"
