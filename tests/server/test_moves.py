@@ -213,3 +213,33 @@ async def test_a_reliable_topic_on_s3_moves_and_replays_from_the_objects(
             await producer.close()
     finally:
         server.stop()
+
+
+async def test_close_handshake_without_relay_moves_the_consumer_with_no_reopen_spin(
+    etcd_store: EtcdStore, tmp_path: Path
+) -> None:
+    """Relay off: the old owner keeps the stream open, answers CLOSE on the next health
+    check, then ends the stream; the client re-subscribes on the new owner at once."""
+    config = data_config(tmp_path, data_plane={"relay_moving_consumers": False})
+    async with DataCluster(etcd_store, config) as c:
+        await c.start_broker("h1")
+        await c.start_broker("h2")
+        client = await new_client(c.brokers["h1"].url)
+        producer = await reliable_producer(client, "/default/hs")
+        consumer = await exclusive_consumer(client, "/default/hs")
+        queue = await consumer.receive()
+        await producer.send(b"0")
+        await consumer.ack(await asyncio.wait_for(queue.get(), 10))
+        source = c.owner("/default/hs")
+        assert source is not None
+        await AdminClient(c.store).unload_topic("/default/hs")
+        await producer.send(b"1")
+        message = await asyncio.wait_for(queue.get(), 15)  # within one health period
+        assert (message.msg_id.topic_offset, message.payload) == (1, b"1")
+        target = c.owner("/default/hs")
+        assert target is not None and target is not source
+        # No reopen spin: the client never opened a stream for an id the source forgot.
+        assert source.host.counters.rejected_count("ReceiveMessages", "unknown_consumer") == 0
+        await consumer.ack(message)
+        await consumer.close()
+        await producer.close()
