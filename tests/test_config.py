@@ -67,7 +67,10 @@ def test_explicit_values_override_the_preset(tmp_path: Path) -> None:
             {"load_manager": {"rebalancing": {"max_moves_per_hour": "5"}}},
             "load_manager.rebalancing.max_moves_per_hour: Input should be a valid integer",
         ),
-        ({"loadmanager": {}}, "loadmanager: unknown key (allowed: broker, data_plane, history,"),
+        (
+            {"loadmanager": {}},
+            "loadmanager: unknown key (allowed: auth, broker, data_plane, gateway, history,",
+        ),
         (
             {"load_manager": {"rebalancing": {"target_cv": 0.5}}},
             "target_cv (0.5) must not exceed cv_threshold",

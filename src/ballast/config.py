@@ -264,6 +264,72 @@ class StorageSettings(_Strict):
         return self.object_store or str(Path(self.data_dir) / "objects")
 
 
+# -- security and the gateway --------------------------------------------------------------
+
+
+class TlsSettings(_Strict):
+    """`tls`: TLS on the client-facing gRPC port (a broker's `broker_url`, a gateway's).
+
+    `ca_file` is the trust anchor: it verifies client certificates when
+    `require_client_cert` is on (mTLS), and a gateway uses it (with its own certificate as
+    the client certificate) to dial brokers that serve TLS.
+    """
+
+    enabled: bool = False
+    cert_file: str | None = None
+    key_file: str | None = None
+    ca_file: str | None = None
+    require_client_cert: bool = False
+
+    @model_validator(mode="after")
+    def _files_given(self) -> TlsSettings:
+        if self.enabled and not (self.cert_file and self.key_file):
+            raise ValueError("tls.enabled needs cert_file and key_file (PEM files)")
+        if self.require_client_cert and not self.ca_file:
+            raise ValueError("tls.require_client_cert needs ca_file (the CA of client certs)")
+        return self
+
+
+class AuthSettings(_Strict):
+    """`auth`: JWT bearer tokens (``authorization: Bearer …``) with per-namespace permissions.
+
+    HS256 verifies with a shared `secret` (or `secret_file`); RS256 with `public_key_file`
+    and issues with `private_key_file`. ``mode: none`` lets every request through.
+    """
+
+    mode: str = Field("none", pattern="^(none|jwt)$")
+    algorithm: str = Field("HS256", pattern="^(HS256|RS256)$")
+    secret: str | None = None
+    secret_file: str | None = None
+    public_key_file: str | None = None
+    private_key_file: str | None = None
+    issuer: str = "ballast"
+
+    @model_validator(mode="after")
+    def _keys_given(self) -> AuthSettings:
+        if self.mode != "jwt":
+            return self
+        if self.algorithm == "HS256" and not (self.secret or self.secret_file):
+            raise ValueError("auth: HS256 needs secret or secret_file")
+        if self.algorithm == "RS256" and not (self.public_key_file or self.private_key_file):
+            raise ValueError("auth: RS256 needs public_key_file (and private_key_file to issue)")
+        return self
+
+
+class GatewaySettings(_Strict):
+    """`gateway`: the stateless front door clients use as their `service_url`."""
+
+    listen: str = "127.0.0.1:6600"
+    advertise: str | None = None  # what lookups name as connect_url (default: the bound address)
+    # A lookup waits this long for a live owner (a dead owner is replaced once its
+    # registration lease expires: keep it above broker.registration_ttl_seconds).
+    lookup_wait_seconds: float = Field(45.0, ge=0)
+    forward_timeout_seconds: float = Field(30.0, gt=0)  # a forwarded unary call's deadline
+    # A consumer stream whose broker vanished is held open until the health check has
+    # answered CLOSE (at most this long), so the client re-subscribes without a reopen spin.
+    close_hold_seconds: float = Field(12.0, gt=0)
+
+
 class BallastConfig(_Strict):
     """The whole broker configuration file."""
 
@@ -273,6 +339,9 @@ class BallastConfig(_Strict):
     history: HistoryConfig = HistoryConfig()
     data_plane: DataPlaneConfig = DataPlaneConfig()
     storage: StorageSettings = StorageSettings()
+    tls: TlsSettings = TlsSettings()
+    auth: AuthSettings = AuthSettings()
+    gateway: GatewaySettings = GatewaySettings()
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

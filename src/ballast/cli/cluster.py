@@ -409,12 +409,20 @@ def register(app: typer.Typer) -> None:
             typer.Option("--etcd", help="Run against etcd instead of the embedded store."),
         ] = None,
         topics: Annotated[int, typer.Option("--topics", min=10, help="Topics to create.")] = 240,
+        live_topics: Annotated[
+            int,
+            typer.Option(
+                "--live-topics", min=0, help="Topics with real clients through a gateway."
+            ),
+        ] = 4,
     ) -> None:
         """A live cluster in one process: placement, scale-out, failover, drain."""
         from ballast.cluster.demo import run_demo
 
         try:
-            summary = asyncio.run(run_demo(etcd, topics=topics, console=_console()))
+            summary = asyncio.run(
+                run_demo(etcd, topics=topics, console=_console(), live_topics=live_topics)
+            )
         except MetadataUnavailableError as exc:
             raise _fail(f"cannot reach etcd at {etcd}: {exc}", 2) from None
         if not summary.ok:

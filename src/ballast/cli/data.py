@@ -19,6 +19,14 @@ from typing import Annotated, Any
 
 import typer
 
+from ballast.cli.client_security import (
+    ClientSecurity,
+    TlsCaOption,
+    TlsCertOption,
+    TlsKeyOption,
+    TokenOption,
+)
+
 DEFAULT_SERVICE_URL = "127.0.0.1:6650"
 SUB_TYPES = ("exclusive", "shared", "failover", "key_shared")
 
@@ -66,8 +74,11 @@ async def _report(progress: Progress, quiet: bool) -> None:
             print(progress.line(), file=sys.stderr, flush=True)
 
 
-def _url(service_url: str) -> str:
-    return service_url if "://" in service_url else f"http://{service_url}"
+def _url(service_url: str, security: ClientSecurity | None = None) -> str:
+    if "://" in service_url:
+        return service_url
+    scheme = "https" if security is not None and security.secure else "http"
+    return f"{scheme}://{service_url}"
 
 
 def _stop_event() -> asyncio.Event:
@@ -103,11 +114,16 @@ async def produce(
     partitions: int,
     name: str,
     quiet: bool = False,
+    security: ClientSecurity | None = None,
 ) -> ProduceSummary:
     """Send `count` messages (0: until interrupted) at up to `rate` per second."""
     from danube import DanubeClientBuilder, DispatchStrategy
 
-    client = await DanubeClientBuilder().service_url(_url(service_url)).build()
+    client = (
+        await (security or ClientSecurity())
+        .apply(DanubeClientBuilder().service_url(_url(service_url, security)))
+        .build()
+    )
     builder = client.new_producer().with_topic(topic).with_name(name)
     if reliable:
         builder = builder.with_dispatch_strategy(DispatchStrategy.RELIABLE)
@@ -175,11 +191,16 @@ async def consume(
     idle_timeout: float = 0.0,
     wait_seconds: float = 30.0,
     quiet: bool = False,
+    security: ClientSecurity | None = None,
 ) -> ConsumeSummary:
     """Receive and ack `count` messages (0: until interrupted or idle for `idle_timeout`)."""
     from danube import DanubeClientBuilder, DanubeError, SubType
 
-    client = await DanubeClientBuilder().service_url(_url(service_url)).build()
+    client = (
+        await (security or ClientSecurity())
+        .apply(DanubeClientBuilder().service_url(_url(service_url, security)))
+        .build()
+    )
     consumer = (
         client.new_consumer()
         .with_topic(topic)
@@ -270,6 +291,15 @@ def _error_text(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def _security(
+    ca: str | None, cert: str | None, key: str | None, token: str | None
+) -> ClientSecurity:
+    try:
+        return ClientSecurity(ca, cert, key, token)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+
+
 def register(app: typer.Typer) -> None:
     """Add `produce` and `consume` to `app`."""
 
@@ -286,8 +316,13 @@ def register(app: typer.Typer) -> None:
         name: Annotated[str | None, typer.Option("--name", help="Producer name.")] = None,
         service_url: ServiceUrlOption = DEFAULT_SERVICE_URL,
         as_json: JsonOption = False,
+        tls_ca: TlsCaOption = None,
+        tls_cert: TlsCertOption = None,
+        tls_key: TlsKeyOption = None,
+        token: TokenOption = None,
     ) -> None:
         """Send messages with the danube client; progress on stderr, then a summary."""
+        security = _security(tls_ca, tls_cert, tls_key, token)
         try:
             summary = asyncio.run(
                 produce(
@@ -299,6 +334,7 @@ def register(app: typer.Typer) -> None:
                     reliable=reliable,
                     partitions=partitions,
                     name=name or f"ballast-produce-{os.getpid()}",
+                    security=security,
                 )
             )
         except Exception as exc:
@@ -321,8 +357,13 @@ def register(app: typer.Typer) -> None:
         name: Annotated[str | None, typer.Option("--name", help="Consumer name.")] = None,
         service_url: ServiceUrlOption = DEFAULT_SERVICE_URL,
         as_json: JsonOption = False,
+        tls_ca: TlsCaOption = None,
+        tls_cert: TlsCertOption = None,
+        tls_key: TlsKeyOption = None,
+        token: TokenOption = None,
     ) -> None:
         """Receive and ack messages with the danube client; progress, then a summary."""
+        security = _security(tls_ca, tls_cert, tls_key, token)
         if sub_type not in SUB_TYPES:
             raise _fail(f"--type {sub_type!r}: use one of {', '.join(SUB_TYPES)}")
         try:
@@ -335,6 +376,7 @@ def register(app: typer.Typer) -> None:
                     count=count,
                     name=name or f"ballast-consume-{os.getpid()}",
                     idle_timeout=idle_timeout,
+                    security=security,
                 )
             )
         except Exception as exc:

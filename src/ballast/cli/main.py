@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ballast.cli import cluster, data, namespaces, pipeline, simulate
+from ballast.cli import cluster, data, gateway, namespaces, pipeline, simulate
 
 app = typer.Typer(
     name="ballast",
@@ -14,6 +14,8 @@ app = typer.Typer(
 )
 cluster.register(app)
 namespaces.register(cluster.admin_app)  # namespaces, bundles, anti-affinity, domains
+gateway.register_tokens(cluster.admin_app)
+gateway.register(app)
 data.register(app)
 simulate.register(app)
 pipeline.register(app)

@@ -11,6 +11,8 @@ CV before and after, the moves and the failover time closes the run.
 from __future__ import annotations
 
 import asyncio
+import logging
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +29,8 @@ from ballast.clock import SystemClock
 from ballast.cluster.admin import AdminClient
 from ballast.cluster.cluster import LocalCluster
 from ballast.cluster.host import mixed_profiles
+from ballast.cluster.live import LiveCluster
+from ballast.cluster.traffic import LiveTraffic, TrafficVerdict
 from ballast.cluster.view import ClusterView
 from ballast.config import BallastConfig, parse_config
 from ballast.metadata import MetadataStore, keys
@@ -34,6 +38,7 @@ from ballast.metadata.factory import open_store
 from ballast.model import BrokerMode
 
 NAMESPACE = "demo"
+LIVE_NAMESPACE = "live"  # topics with real producers and consumers (through a gateway)
 
 
 def demo_config() -> BallastConfig:
@@ -77,6 +82,8 @@ class DemoSummary:
     drained: str = ""
     drain_seconds: float = 0.0
     duration_seconds: float = 0.0
+    traffic: TrafficVerdict | None = None  # the real producers and consumers
+    live_topics_killed: int = 0  # live topics on the killed broker
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -98,6 +105,8 @@ class DemoSummary:
             "drained": self.drained,
             "drain_seconds": self.drain_seconds,
             "duration_seconds": self.duration_seconds,
+            "live_topics_killed": self.live_topics_killed,
+            "traffic": self.traffic.to_dict() if self.traffic is not None else None,
             "ok": self.ok,
             "problems": list(self.problems),
         }
@@ -186,7 +195,65 @@ async def _prepare(store: MetadataStore) -> None:
             "cluster (use the embedded store, or an etcd nobody else uses)"
         )
     await store.delete_prefix(keys.CLUSTER_PREFIX)
-    await store.delete_prefix(f"{keys.TOPICS_PREFIX}{NAMESPACE}/")
+    await _forget_topics(store)
+
+
+async def _forget_topics(store: MetadataStore) -> None:
+    for namespace in (NAMESPACE, LIVE_NAMESPACE):
+        await store.delete_prefix(f"{keys.TOPICS_PREFIX}{namespace}/")
+        await store.delete_prefix(f"{keys.STORAGE_PREFIX}{namespace}/")
+
+
+class LiveDemo:
+    """Real traffic during the demo: a gateway and `topics` producer/consumer pairs."""
+
+    def __init__(self, store: MetadataStore, config: BallastConfig, topics: int, rate: float):
+        self.store = store
+        self.config = config
+        self.names = [f"/{LIVE_NAMESPACE}/orders-{i}" for i in range(topics)]
+        self.rate = rate
+        self.gateway: Any = None
+        self.traffic: LiveTraffic | None = None
+
+    async def start(self) -> None:
+        from ballast.server.gateway import Gateway
+
+        logging.getLogger("danube").setLevel(logging.ERROR)  # the client's re-subscribe notes
+        self.gateway = Gateway(self.store, self.config, "127.0.0.1:0")
+        await self.gateway.start()
+        self.traffic = LiveTraffic(self.gateway.advertise, self.names, rate=self.rate)
+        await self.traffic.start()
+        await asyncio.sleep(1.0)
+        self.traffic.reset_pauses()  # pauses count from here: the start-up is not one
+
+    async def finish(self, summary: DemoSummary) -> None:
+        try:
+            if self.traffic is not None:
+                await self.traffic.stop_producing(settle=30)
+                verdict = await self.traffic.verdict(self.store)
+                summary.traffic = verdict
+                if verdict.lost:
+                    summary.problems.append(
+                        f"{verdict.lost} acknowledged messages were never consumed "
+                        f"(e.g. {', '.join(verdict.lost_examples)})"
+                    )
+                if verdict.unexplained_gaps or verdict.reused_offsets:
+                    summary.problems.append(
+                        f"offsets: {verdict.unexplained_gaps} unexplained gaps, "
+                        f"{verdict.reused_offsets} reused"
+                    )
+                if verdict.produced == 0 or verdict.consumed == 0:
+                    summary.problems.append("the real producers and consumers moved nothing")
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        if self.traffic is not None:
+            await self.traffic.close()
+            self.traffic = None
+        if self.gateway is not None:
+            await self.gateway.stop(grace=0.2)
+            self.gateway = None
 
 
 async def run_demo(
@@ -197,8 +264,14 @@ async def run_demo(
     live: bool = True,
     pause: float = 1.0,
     rebalance_timeout: float = 30.0,
+    live_topics: int = 4,
+    live_rate: float = 20.0,
 ) -> DemoSummary:
-    """Run the whole demo; returns its summary (printed too)."""
+    """Run the whole demo; returns its summary (printed too).
+
+    With `live_topics` > 0, brokers also serve real reliable topics, and that many
+    producer/consumer pairs of the real client send through a gateway during every phase.
+    """
     console = console or Console()
     clock = SystemClock()
     config = demo_config()
@@ -208,9 +281,21 @@ async def run_demo(
     async with store:
         await _prepare(store)
         admin = AdminClient(store, clock, config)
-        async with LocalCluster(
-            store, clock, config, profiles=mixed_profiles, synthetic_resources=True
-        ) as cluster:
+        scratch = tempfile.TemporaryDirectory(prefix="ballast-demo-")
+        real = LiveDemo(store, config, live_topics, live_rate) if live_topics > 0 else None
+        cluster_cm: LocalCluster = (
+            LiveCluster(
+                store,
+                clock,
+                config,
+                data_dir=scratch.name,
+                real_namespaces=frozenset({LIVE_NAMESPACE}),
+                profiles=mixed_profiles,
+            )
+            if real is not None
+            else LocalCluster(store, clock, config, profiles=mixed_profiles)
+        )
+        async with cluster_cm as cluster:
             board = Dashboard(cluster, admin)
             with Live(
                 board.render(), console=console, refresh_per_second=8, transient=not live
@@ -230,14 +315,17 @@ async def run_demo(
 
                 ui = asyncio.ensure_future(ticker())
                 try:
-                    await _scenario(cluster, admin, summary, show, pause, rebalance_timeout)
+                    await _scenario(cluster, admin, summary, show, pause, rebalance_timeout, real)
                 finally:
                     ui.cancel()
                     await asyncio.wait({ui})
+                    if real is not None:
+                        await real.close()
                 await show("done")
+        scratch.cleanup()
         if etcd is not None:
             await store.delete_prefix(keys.CLUSTER_PREFIX)
-            await store.delete_prefix(f"{keys.TOPICS_PREFIX}{NAMESPACE}/")
+            await _forget_topics(store)
     summary.duration_seconds = time.monotonic() - started
     _print_summary(console, summary)
     return summary
@@ -250,17 +338,22 @@ async def _scenario(
     show: Callable[[str | None], Any],
     pause: float,
     rebalance_timeout: float,
+    live: LiveDemo | None = None,
 ) -> None:
     n = summary.topics
 
     async def settled() -> bool:
         view = await admin.view()
-        return len(view.owners) == n and not view.markers
+        placed = sum(1 for t in view.owners if t.startswith(f"/{NAMESPACE}/"))
+        return placed == n and not view.markers
 
     await show("starting 3 brokers")
     for broker in ("b1", "b2", "b3"):
         await cluster.start_broker(broker)
     await cluster.wait_leader()
+    if live is not None:
+        await show(f"real traffic: {len(live.names)} producers and consumers through a gateway")
+        await live.start()
 
     await show(f"creating {n} topics with mixed traffic (light, medium, heavy)")
     await admin.create_topics(f"/{NAMESPACE}/topic-{i:04d}" for i in range(n))
@@ -303,10 +396,19 @@ async def _scenario(
     await asyncio.sleep(pause)
 
     leader = cluster.leader()
-    victim = next(b for b in ("b2", "b3", "b4") if leader is None or b != leader.broker_id)
     view = await admin.view()
+    candidates = [b for b in ("b2", "b3", "b4") if leader is None or b != leader.broker_id]
+    # Prefer the broker with the most live topics: their clients must survive its death.
+    victim = max(
+        candidates,
+        key=lambda b: (
+            sum(t.startswith(f"/{LIVE_NAMESPACE}/") for t in view.topics_of(b)),
+            -int(b[1:]),
+        ),
+    )
     orphans = set(view.topics_of(victim))
     summary.killed = victim
+    summary.live_topics_killed = sum(t.startswith(f"/{LIVE_NAMESPACE}/") for t in orphans)
     summary.failover_topics = len(orphans)
     await show(f"killing {victim} (no goodbye: its lease must expire)")
     killed_at = time.monotonic()
@@ -348,6 +450,9 @@ async def _scenario(
     if not (await _until(settled, 10))[0]:
         summary.problems.append("not every topic was assigned at the end")
     await asyncio.sleep(pause)
+    if live is not None:
+        await show("stopping the producers; the consumers catch up")
+        await live.finish(summary)
 
 
 def _print_summary(console: Console, s: DemoSummary) -> None:
@@ -362,9 +467,25 @@ def _print_summary(console: Console, s: DemoSummary) -> None:
     table.add_row(
         f"failover of {s.killed}",
         f"{s.failover_topics} topics in {s.failover_seconds:.2f}s after the kill "
-        f"({s.failover_after_expiry_seconds:.2f}s after lease expiry)",
+        f"({s.failover_after_expiry_seconds:.2f}s after lease expiry); "
+        f"{s.live_topics_killed} with live clients",
     )
     table.add_row(f"drain of {s.drained}", f"drained in {s.drain_seconds:.2f}s")
+    t = s.traffic
+    if t is not None:
+        table.add_row(
+            "real messages (client, gateway)",
+            f"{t.produced} produced (acknowledged), {t.consumed} consumed on {t.topics} topics",
+        )
+        table.add_row("lost / duplicates", f"{t.lost} / {t.duplicates} (at-least-once retries)")
+        table.add_row(
+            "offset gaps not explained by a crash",
+            f"{t.unexplained_gaps} (reused offsets: {t.reused_offsets})",
+        )
+        table.add_row(
+            "longest pause",
+            f"producer {t.longest_producer_pause:.2f}s, consumer {t.longest_consumer_pause:.2f}s",
+        )
     table.add_row("duration", f"{s.duration_seconds:.1f}s")
     table.add_row("result", "[green]ok[/green]" if s.ok else "[red]" + "; ".join(s.problems))
     console.print(table)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,21 @@ def open_store(
 
     - None, ``"memory"`` or ``"memory://"``: an embedded `MemoryStore` on `clock`.
     - ``"http://h:2379,http://h2:2379"`` (or https): an `EtcdStore` on those endpoints, with
-      the TLS / auth / timeout options passed through. etcd leases expire in real time, so
-      `clock` does not apply to it.
+      the TLS / auth / timeout options passed through; options not given come from
+      ``BALLAST_ETCD_CA``, ``BALLAST_ETCD_CERT``, ``BALLAST_ETCD_KEY``,
+      ``BALLAST_ETCD_USER`` and ``BALLAST_ETCD_PASSWORD`` when set. etcd leases expire in
+      real time, so `clock` does not apply to it.
     """
     if url_or_none is None or url_or_none.strip().lower() in MEMORY_URLS:
         return MemoryStore(clock)
     url = url_or_none.strip()
+    # Every command (broker, gateway, admin, demo) reaches a secured etcd the same way.
+    env = os.environ
+    ca_cert = ca_cert if ca_cert is not None else env.get("BALLAST_ETCD_CA") or None
+    cert_cert = cert_cert if cert_cert is not None else env.get("BALLAST_ETCD_CERT") or None
+    cert_key = cert_key if cert_key is not None else env.get("BALLAST_ETCD_KEY") or None
+    username = username if username is not None else env.get("BALLAST_ETCD_USER") or None
+    password = password if password is not None else env.get("BALLAST_ETCD_PASSWORD") or None
     if not url.startswith(("http://", "https://")):
         raise ValueError(
             f"metadata store {url_or_none!r}: expected 'memory' or etcd endpoints like "

@@ -29,6 +29,7 @@ from ballast.server.directory import Directory
 from ballast.server.dispatch import ConsumerHandle, drain
 from ballast.server.metrics import DataPlaneMetrics
 from ballast.server.relay import ConsumerRelay
+from ballast.server.salvage import salvage_crashed_wal
 from ballast.server.topics import (
     NonReliableServedTopic,
     ProducerEntry,
@@ -61,6 +62,7 @@ CONSUMER_IDLE_SECONDS = 30.0
 PRODUCER_IDLE_SECONDS = 60.0
 CLOSE_AFTER_HEALTH_SECONDS = 0.5  # lets the client's acks of what it got arrive first
 RELAY_ACK_SECONDS = 3.0
+OPEN_WAIT_SECONDS = 0.05  # `load` returns after this; a slower opening goes on meanwhile
 
 
 class DataPlaneHost:
@@ -99,6 +101,7 @@ class DataPlaneHost:
         self._relays: dict[int, ConsumerRelay] = {}  # consumer id -> relay of a moved topic
         self._failed_loads: dict[str, UnassignedMarker | None] = {}  # assigned, not opened
         self._assigned: set[str] = set()  # what the broker asked us to serve
+        self._opening: dict[str, asyncio.Task[None]] = {}  # topics whose opening runs
 
     def objects(self) -> ObjectStore:
         """The shared object store of reliable topics."""
@@ -112,8 +115,35 @@ class DataPlaneHost:
     # -- TopicHost -------------------------------------------------------------------------
 
     async def load(self, topic: str, marker: UnassignedMarker | None) -> None:
-        """Start serving `topic` (reliable topics open their storage first)."""
+        """Start serving `topic` (reliable topics open their storage first).
+
+        The opening runs as a task of its own and `load` waits for it only briefly: the
+        broker hands topics over one at a time, and a broker that inherits many at once
+        (a failover) must open them concurrently. Until a topic is open its clients get
+        UNAVAILABLE (a gateway holds them), as for any topic not served yet.
+        """
         self._assigned.add(topic)
+        if topic in self.topics or topic in self._opening:
+            return
+        task = asyncio.create_task(
+            self._load(topic, marker), name=f"dataplane/{self.broker_id}/open{topic}"
+        )
+        self._opening[topic] = task
+        task.add_done_callback(lambda done: self._opened(topic, marker, done))
+        await asyncio.wait({task}, timeout=OPEN_WAIT_SECONDS)
+
+    def _opened(
+        self, topic: str, marker: UnassignedMarker | None, task: asyncio.Task[None]
+    ) -> None:
+        if self._opening.get(topic) is task:
+            del self._opening[topic]
+        if not task.cancelled() and task.exception() is not None:
+            # E.g. the metadata store was unreachable: the sweep tries again.
+            log.error("%s: opening %s failed: %s", self.broker_id, topic, task.exception())
+            if topic in self._assigned:
+                self._failed_loads[topic] = marker
+
+    async def _load(self, topic: str, marker: UnassignedMarker | None) -> None:
         if topic in self.topics:
             return
         self._failed_loads.pop(topic, None)
@@ -123,6 +153,8 @@ class DataPlaneHost:
         window, buffer = self.settings.unacked_window, self.settings.non_reliable_queue
         served: ServedTopic
         if meta.get(DISPATCH_KEY) == RELIABLE:
+            # A crashed owner's acknowledged messages not yet uploaded: take its WAL.
+            await salvage_crashed_wal(self.store, self.wal_dir.parent, self.broker_id, name)
             storage = ReliableTopic(
                 name,
                 broker_id=self.broker_id,
@@ -165,6 +197,10 @@ class DataPlaneHost:
 
     async def unload(self, topic: str) -> SealedState | None:
         """Stop serving `topic`: drop its producers, start the consumers' handshake, seal."""
+        opening = self._opening.get(topic)
+        if opening is not None:
+            # Let the opening finish (it may be mid-claim), then seal what it opened.
+            await asyncio.wait({opening})
         self._failed_loads.pop(topic, None)
         self._assigned.discard(topic)
         served = self.topics.pop(topic, None)
@@ -303,6 +339,8 @@ class DataPlaneHost:
 
     async def close(self) -> None:
         """Unload every topic (sealing reliable ones); for owners without a BrokerNode."""
+        for task in list(self._opening.values()):
+            await asyncio.wait({task})
         for topic in sorted(self.topics):
             try:
                 await self.unload(topic)
@@ -313,6 +351,8 @@ class DataPlaneHost:
     def shutdown(self) -> None:
         """Cancel pending handshakes and relays (the server is stopping)."""
         self._failed_loads.clear()
+        for task in list(self._opening.values()):
+            task.cancel()
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()

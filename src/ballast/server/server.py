@@ -19,6 +19,7 @@ from ballast.aio import cancel_and_wait
 from ballast.config import BallastConfig
 from ballast.server.host import DataPlaneHost
 from ballast.server.protocol import pb_grpc
+from ballast.server.security import interceptors, server_credentials
 from ballast.server.service import DataPlaneService
 
 __all__ = ["DataPlaneServer", "split_url"]
@@ -57,15 +58,24 @@ class DataPlaneServer:
 
     async def start(self) -> str:
         """Bind and start serving; returns the advertised ``host:port``."""
+        counters = self.host.counters
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
+            # JWT tokens (`auth` section), checked before any handler runs.
+            interceptors=interceptors(
+                self.config, lambda rpc, code: counters.reject(rpc.rsplit("/", 1)[-1], code)
+            ),
         )
         address = f"{self.bind_host}:{self.bind_port}"
+        credentials = server_credentials(self.config.tls)
         try:
-            port = server.add_insecure_port(address)
+            if credentials is None:
+                port = server.add_insecure_port(address)
+            else:
+                port = server.add_secure_port(address, credentials)
         except RuntimeError:
             port = 0
         if port == 0:
@@ -97,6 +107,11 @@ class DataPlaneServer:
         server, self._server = self._server, None
         if server is not None:
             await server.stop(self.grace)
+
+    async def stop_now(self) -> None:
+        """Drop every connection at once, as a crashed process would (the demo's kill)."""
+        self.grace = 0.0
+        await self.stop()
 
     async def __aenter__(self) -> Self:
         await self.start()

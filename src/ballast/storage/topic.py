@@ -475,8 +475,11 @@ class ReliableTopic:
         cursor = await self._cursors.load(subscription)
         if cursor is None:
             start = wal.next_offset if initial is InitialPosition.LATEST else 0
-            # Remember the starting point, so a reconnect resumes here and not at "latest".
+            # Remember the starting point, so a reconnect resumes here and not at "latest";
+            # write it now: after a crash, a cursor not yet flushed would be "latest" again
+            # on the next owner, and the messages in between would never be delivered.
             self._cursors.ack(subscription, start - 1)
+            await self._cursors.flush()
         else:
             start = cursor + 1
         return Subscription(self, subscription, start, live)

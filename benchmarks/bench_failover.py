@@ -1,0 +1,241 @@
+"""Failover benchmark: clients of the real `danube-client` through a gateway, a broker killed.
+
+- failover: `--topics` live reliable topics (one producer and one Exclusive consumer each,
+  `--rate` msg/s per topic) all owned by one broker process, which is SIGKILLed; per
+  topic, the time from the kill until its producer's sends succeed again and its consumer
+  receives again (p50/p99/max), split into lease expiry (kill → registration gone),
+  reassignment (→ the topic has a new owner) and client recovery (→ both ends flow);
+  plus lost messages (acknowledged, never consumed; must be 0). Goal: every topic back
+  within registration TTL + 5 s.
+- gateway overhead: the same client producing to one non-reliable topic with
+  `--producers` concurrent producers for `--duration` s, directly to the broker and
+  through the gateway: messages/s and send latency p50/p99. Goal: ≤ 40 % fewer msg/s.
+
+Everything runs on this machine (etcd, broker and gateway processes, the clients in this
+process). Prints one JSON document.
+
+    .venv/bin/python benchmarks/bench_failover.py [--topics 100] [--ttl 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ballast.cluster import AdminClient
+from ballast.cluster.traffic import LiveTraffic
+from ballast.metadata import keys
+from ballast.metadata.etcd import EtcdStore
+from tests.etcd_fixtures import EtcdServer
+from tests.server.procs import Processes, write_config
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) of `values` (nearest rank); 0 when empty."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": round(pct(values, 0.5), 3),
+        "p99": round(pct(values, 0.99), 3),
+        "max": round(max(values, default=0.0), 3),
+    }
+
+
+async def failover(
+    store: EtcdStore, etcd_url: str, work: Path, topics: int, rate: float, ttl: float
+) -> dict[str, Any]:
+    config = write_config(
+        work / "failover.yaml",
+        work / "data-failover",
+        broker={"registration_ttl_seconds": ttl, "leader_ttl_seconds": ttl},
+        load_manager={"load_report_interval_seconds": 1.0},
+        gateway={"lookup_wait_seconds": ttl + 30},
+    )
+    procs = Processes(etcd_url, config, store)
+    admin = AdminClient(store)
+    names = [f"/default/fo-{i:03d}" for i in range(topics)]
+    traffic: LiveTraffic | None = None
+    try:
+        await procs.start_broker("leader")  # stays up: the leader reassigns
+        await procs.start_broker("victim")
+        await procs.start_broker("heir")
+        for name in names:
+            await admin.create_topic(name, hint="victim", meta={"dispatch_strategy": "reliable"})
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            view = await admin.view()
+            if all(view.owner(t) == "victim" for t in names):
+                break
+            await asyncio.sleep(0.2)
+        gateway = await procs.start_gateway()
+        traffic = LiveTraffic(gateway, names, rate=rate)
+        await traffic.start()
+        await asyncio.sleep(3.0)
+        live = traffic
+        assert all(t.delivered for t in live.topics.values()), "traffic did not start"
+        killed = time.monotonic()
+        await procs.kill("victim")
+        expired: float | None = None
+        owned: dict[str, float] = {}
+        producer_back: dict[str, float] = {}
+        consumer_back: dict[str, float] = {}
+        limit = killed + ttl + 60
+        while time.monotonic() < limit and (
+            len(producer_back) < topics or len(consumer_back) < topics or len(owned) < topics
+        ):
+            now = time.monotonic()
+            if expired is None and await store.get(keys.register("victim")) is None:
+                expired = now
+            if len(owned) < topics:
+                view = await admin.view()
+                for t in names:
+                    if t not in owned and view.owner(t) not in (None, "victim"):
+                        owned[t] = now
+            for t, state in live.topics.items():
+                if t not in producer_back and any(w > killed for w in state.acked.values()):
+                    producer_back[t] = min(w for w in state.acked.values() if w > killed)
+                if t not in consumer_back and (state.last_delivery or 0) > killed:
+                    consumer_back[t] = state.last_delivery or now
+            await asyncio.sleep(0.1)
+        recovered = {
+            t: max(producer_back[t], consumer_back[t]) - killed
+            for t in names
+            if t in producer_back and t in consumer_back
+        }
+        expiry = (expired - killed) if expired is not None else None
+        reassign = [owned[t] - (expired or killed) for t in owned]
+        client = [
+            max(producer_back[t], consumer_back[t]) - owned[t]
+            for t in names
+            if t in owned and t in producer_back and t in consumer_back
+        ]
+        await traffic.stop_producing(settle=60)
+        verdict = await traffic.verdict(store)
+        goal = ttl + 5.0
+        return {
+            "topics": topics,
+            "rate_per_topic": rate,
+            "registration_ttl_seconds": ttl,
+            "recovered_topics": len(recovered),
+            "kill_to_recovered_seconds": spread(list(recovered.values())),
+            "kill_to_producer_back_seconds": spread([v - killed for v in producer_back.values()]),
+            "kill_to_consumer_back_seconds": spread([v - killed for v in consumer_back.values()]),
+            "lease_expiry_seconds": round(expiry, 3) if expiry is not None else None,
+            "reassignment_seconds": spread(reassign),
+            "client_recovery_seconds": spread(client),
+            "goal_seconds": goal,
+            "goal_met": len(recovered) == topics and max(recovered.values(), default=1e9) <= goal,
+            "traffic": verdict.to_dict(),
+        }
+    finally:
+        if traffic is not None:
+            await traffic.close()
+        await procs.close()
+
+
+async def throughput(url: str, topic: str, producers: int, duration: float) -> dict[str, Any]:
+    """Concurrent producers (sequential sends each) for `duration` s: msg/s and latency."""
+    from danube import DanubeClientBuilder
+
+    client = await DanubeClientBuilder().service_url(f"http://{url}").build()
+    made = [
+        client.new_producer().with_topic(topic).with_name(f"bench-{i}").build()
+        for i in range(producers)
+    ]
+    for producer in made:
+        await producer.create()
+    payload = b"x" * 1024
+    latencies: list[float] = []
+    stop = time.monotonic() + duration
+
+    async def run(producer: Any) -> None:
+        while time.monotonic() < stop:
+            began = time.monotonic()
+            await producer.send(payload)
+            latencies.append(time.monotonic() - began)
+
+    began = time.monotonic()
+    await asyncio.gather(*(run(p) for p in made))
+    elapsed = time.monotonic() - began
+    for producer in made:
+        await producer.close()
+    return {
+        "msg_per_s": round(len(latencies) / elapsed, 1),
+        "latency_ms_p50": round(pct(latencies, 0.5) * 1000, 2),
+        "latency_ms_p99": round(pct(latencies, 0.99) * 1000, 2),
+    }
+
+
+async def overhead(
+    store: EtcdStore, etcd_url: str, work: Path, producers: int, duration: float
+) -> dict[str, Any]:
+    config = write_config(work / "overhead.yaml", work / "data-overhead")
+    procs = Processes(etcd_url, config, store)
+    try:
+        broker = await procs.start_broker("solo")
+        gateway = await procs.start_gateway()
+        topic = "/default/overhead"
+        await throughput(gateway, topic, 1, 1.0)  # creates and places the topic; warm-up
+        direct = await throughput(broker, topic, producers, duration)
+        through = await throughput(gateway, topic, producers, duration)
+        loss = 1 - through["msg_per_s"] / direct["msg_per_s"] if direct["msg_per_s"] else 0.0
+        return {
+            "producers": producers,
+            "payload_bytes": 1024,
+            "direct": direct,
+            "gateway": through,
+            "overhead_msg_per_s_percent": round(100 * loss, 1),
+            "goal_met": loss <= 0.40,
+        }
+    finally:
+        await procs.close()
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    logging.getLogger("danube").setLevel(logging.ERROR)
+    result: dict[str, Any] = {"cpus": os.cpu_count(), "loadavg_1m": os.getloadavg()[0]}
+    with tempfile.TemporaryDirectory() as tmp, EtcdServer() as server:
+        work = Path(tmp)
+        async with EtcdStore(server.client_url) as store:
+            if args.only in ("", "overhead"):
+                result["gateway_overhead"] = await overhead(
+                    store, server.client_url, work, args.producers, args.duration
+                )
+            for prefix in (keys.CLUSTER_PREFIX, keys.TOPICS_PREFIX, keys.STORAGE_PREFIX):
+                await store.delete_prefix(prefix)
+            if args.only in ("", "failover"):
+                result["failover"] = await failover(
+                    store, server.client_url, work, args.topics, args.rate, args.ttl
+                )
+    result["loadavg_1m_after"] = os.getloadavg()[0]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--topics", type=int, default=100)
+    parser.add_argument("--rate", type=float, default=2.0, help="msg/s per topic")
+    parser.add_argument("--ttl", type=float, default=5.0, help="registration TTL (s)")
+    parser.add_argument("--producers", type=int, default=8)
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--only", choices=("", "overhead", "failover"), default="")
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(main_async(args)), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""TLS credentials and the server-side security set-up shared by brokers and gateways.
+
+`server_credentials` turns the `tls` section into gRPC server credentials (a certificate
+chain, and with `require_client_cert` the CA that client certificates must chain to);
+`channel_credentials` is what a gateway uses to dial brokers that serve TLS (their CA,
+and its own certificate for mTLS). `interceptors` returns the `AuthInterceptor` when the
+`auth` section asks for JWT tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from ballast.config import BallastConfig, TlsSettings
+from ballast.server.auth import AuthInterceptor, TokenAuthority
+
+__all__ = ["channel_credentials", "interceptors", "server_credentials"]
+
+
+def _pem(path: str | None, what: str) -> bytes | None:
+    if not path:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"tls.{what} {path}: cannot read ({exc.strerror})") from None
+
+
+def server_credentials(tls: TlsSettings) -> grpc.ServerCredentials | None:
+    """Credentials for a TLS port, or None when `tls.enabled` is off."""
+    if not tls.enabled:
+        return None
+    key = _pem(tls.key_file, "key_file")
+    cert = _pem(tls.cert_file, "cert_file")
+    assert key is not None and cert is not None  # the config validator requires them
+    return grpc.ssl_server_credentials(
+        [(key, cert)],
+        root_certificates=_pem(tls.ca_file, "ca_file"),
+        require_client_auth=tls.require_client_cert,
+    )
+
+
+def channel_credentials(tls: TlsSettings) -> grpc.ChannelCredentials | None:
+    """Credentials to dial TLS brokers (None: plaintext), presenting our certificate."""
+    if not tls.enabled:
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=_pem(tls.ca_file, "ca_file"),
+        private_key=_pem(tls.key_file, "key_file"),
+        certificate_chain=_pem(tls.cert_file, "cert_file"),
+    )
+
+
+def interceptors(
+    config: BallastConfig, on_refused: Callable[[str, str], None]
+) -> list[grpc.aio.ServerInterceptor]:
+    """The token check when `auth.mode` is ``jwt``; nothing otherwise."""
+    if config.auth.mode != "jwt":
+        return []
+    return [AuthInterceptor(TokenAuthority(config.auth), on_refused)]

@@ -1,0 +1,109 @@
+"""The gateway's answers when a broker is gone, on the wire (raw stubs, no broker needed):
+UNAVAILABLE for producers, a held stream that ends just after the health check said CLOSE,
+lenient acks, and lookups that wait for a live owner."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from ballast.config import parse_config
+from ballast.metadata import MemoryStore, keys
+from ballast.model import TopicName
+from ballast.server.gateway import BROKER_HEADER, Gateway
+from ballast.server.protocol import CLIENT_CONSUMER, HEALTH_CLOSE, pb, pb_grpc
+
+pytestmark = pytest.mark.timeout(30)
+
+TOPIC = TopicName.parse("/default/t")
+
+
+def dead_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"  # nobody listens there afterwards
+
+
+@pytest.fixture
+async def gone() -> AsyncIterator[tuple[Gateway, str, MemoryStore]]:
+    store = MemoryStore()
+    url = dead_url()
+    await store.put(keys.register("dead"), {"broker_url": url})
+    await store.put(keys.broker_assignment("dead", TOPIC), {"assigned_at": 0, "epoch": 1})
+    await store.put(keys.topic_meta(TOPIC), {"dispatch_strategy": "reliable"})
+    config = parse_config({"gateway": {"lookup_wait_seconds": 2.0, "close_hold_seconds": 10}})
+    async with Gateway(store, config, "127.0.0.1:0") as gateway:
+        yield gateway, url, store
+
+
+async def test_a_gone_broker_holds_the_stream_until_close(
+    gone: tuple[Gateway, str, MemoryStore],
+) -> None:
+    gateway, url, _ = gone
+    header = ((BROKER_HEADER, url),)
+    async with grpc.aio.insecure_channel(gateway.advertise) as channel:
+        consumers = pb_grpc.ConsumerServiceStub(channel)
+        stream = consumers.ReceiveMessages(
+            pb.ReceiveRequest(request_id=1, consumer_id=5), metadata=header
+        )
+        reader = asyncio.ensure_future(stream.read())
+        await asyncio.sleep(1.0)
+        assert not reader.done(), "the stream must stay open until CLOSE (no reopen spin)"
+        health = await pb_grpc.HealthCheckStub(channel).HealthCheck(
+            pb.HealthCheckRequest(request_id=1, client=CLIENT_CONSUMER, id=5), metadata=header
+        )
+        assert health.status == HEALTH_CLOSE
+        closed_at = time.monotonic()
+        assert await asyncio.wait_for(reader, 3) is grpc.aio.EOF
+        assert time.monotonic() - closed_at < 2.0
+
+        producers = pb_grpc.ProducerServiceStub(channel)
+        message = pb.StreamMessage(
+            request_id=3, msg_id=pb.MsgID(producer_id=9, topic_name=str(TOPIC)), payload=b"x"
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as send:
+            await producers.SendMessage(message, metadata=header)
+        assert send.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert "look the topic up again" in (send.value.details() or "")
+
+        ack = await consumers.Ack(
+            pb.AckRequest(request_id=4, msg_id=message.msg_id, subscription_name="s"),
+            metadata=header,
+        )
+        assert ack.request_id == 4  # lenient: the message comes again from the next owner
+
+
+async def test_lookup_waits_for_a_live_owner(gone: tuple[Gateway, str, MemoryStore]) -> None:
+    gateway, _, store = gone
+    async with grpc.aio.insecure_channel(gateway.advertise) as channel:
+        discovery = pb_grpc.DiscoveryStub(channel)
+        request = pb.TopicLookupRequest(request_id=1, topic=str(TOPIC))
+        with pytest.raises(grpc.aio.AioRpcError) as waited:
+            await discovery.TopicLookup(request)
+        assert waited.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert "unreachable" in (waited.value.details() or "")
+
+        # A live owner appears while a lookup waits: the lookup names it.
+        server = grpc.aio.server()
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            pending = asyncio.ensure_future(discovery.TopicLookup(request))
+            await asyncio.sleep(0.2)
+            live = f"127.0.0.1:{port}"
+            await store.put(keys.register("heir"), {"broker_url": live})
+            await store.delete(keys.broker_assignment("dead", TOPIC))
+            await store.put(keys.broker_assignment("heir", TOPIC), {"assigned_at": 1, "epoch": 2})
+            answer = await asyncio.wait_for(pending, 5)
+            assert (answer.broker_url, answer.connect_url, answer.proxy) == (
+                live,
+                gateway.advertise,
+                True,
+            )
+        finally:
+            await server.stop(0)
