@@ -1,0 +1,215 @@
+"""The Kafka replica planner as a Spark job: the same pure stages, topics in parallel.
+
+1. Partitions are a DataFrame (topic, partition, r0…r{w-1}: broker indices, -1 padding);
+   grouped by topic, each group yields its `TopicCounts` (one row per topic).
+2. The driver collects the counts and fixes the cluster-wide targets (`plan_targets`):
+   this is the only step that needs every topic at once, and it is small (topics × brokers).
+3. Partitions and targets are co-grouped by topic and every topic is planned on the
+   executors by `plan_topic`; only the changed partitions come back to the driver, where
+   `assemble` adds everything up exactly as the local engine does.
+
+Each function the executors run is the core's own, so the plan equals the local engine's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+
+from ballast.balance.replicas import (
+    BrokerLayout,
+    PartitionChange,
+    ReplicaPlan,
+    TopicCounts,
+    TopicPlan,
+    TopicReplicas,
+    TopicTargets,
+    assemble,
+    plan_targets,
+    plan_topic,
+    topic_counts,
+)
+
+COUNTS_SCHEMA = (
+    "topic string, partitions long, rf_histogram string, rack_violations long, "
+    "replicas array<long>, leaders array<long>"
+)
+TARGETS_SCHEMA = "topic string, replicas array<long>, leaders array<long>"
+CHANGES_SCHEMA = (
+    "topic string, partition long, before array<long>, after array<long>, "
+    "round_robin_moves long, notes string"
+)
+SUMMARY_PARTITION = -1  # the row carrying a topic's round-robin figure and notes
+
+
+def partitions_frame(
+    spark: SparkSession, topics: Sequence[TopicReplicas], slices: int | None = None
+) -> DataFrame:
+    """All partitions as one DataFrame: topic, partition, r0…r{w-1} (-1 pads)."""
+    width = max((t.replicas.shape[1] for t in topics), default=1)
+    columns: dict[str, object] = {
+        "topic": np.concatenate([np.full(len(t.partitions), t.topic, dtype=object) for t in topics])
+        if topics
+        else np.array([], dtype=object),
+        "partition": np.concatenate([t.partitions for t in topics])
+        if topics
+        else np.array([], dtype=np.int64),
+    }
+    for j in range(width):
+        columns[f"r{j}"] = (
+            np.concatenate(
+                [
+                    t.replicas[:, j] if j < t.replicas.shape[1] else np.full(len(t.partitions), -1)
+                    for t in topics
+                ]
+            ).astype(np.int64)
+            if topics
+            else np.array([], dtype=np.int64)
+        )
+    schema = "topic string, partition long, " + ", ".join(f"r{j} long" for j in range(width))
+    frame = spark.createDataFrame(pd.DataFrame(columns), schema)
+    return frame.repartition(slices, "topic") if slices else frame
+
+
+def _topic_from_pandas(pdf: pd.DataFrame) -> TopicReplicas:
+    pdf = pdf.sort_values("partition", kind="stable")
+    cols = sorted((c for c in pdf.columns if c.startswith("r")), key=lambda c: int(c[1:]))
+    matrix = pdf[cols].to_numpy(dtype=np.int64)
+    # The local engine's width is the topic's own largest RF: trim the shared padding.
+    width = int((matrix >= 0).sum(axis=1).max(initial=1))
+    return TopicReplicas(
+        str(pdf["topic"].iloc[0]), pdf["partition"].to_numpy(dtype=np.int64), matrix[:, :width]
+    )
+
+
+def _counts_row(c: TopicCounts) -> dict[str, object]:
+    return {
+        "topic": c.topic,
+        "partitions": c.partitions,
+        "rf_histogram": json.dumps(c.rf_histogram),
+        "rack_violations": c.rack_violations,
+        "replicas": c.replicas.tolist(),
+        "leaders": c.leaders.tolist(),
+    }
+
+
+def _counts_from_row(row: pd.Series) -> TopicCounts:
+    return TopicCounts(
+        topic=str(row["topic"]),
+        partitions=int(row["partitions"]),
+        rf_histogram=tuple((int(a), int(b)) for a, b in json.loads(row["rf_histogram"])),
+        replicas=np.asarray(row["replicas"], dtype=np.int64),
+        leaders=np.asarray(row["leaders"], dtype=np.int64),
+        rack_violations=int(row["rack_violations"]),
+    )
+
+
+def collect_counts(partitions: DataFrame, layout: BrokerLayout) -> list[TopicCounts]:
+    """Stage 1 on the executors: one TopicCounts per topic."""
+
+    def counts(pdf: pd.DataFrame) -> pd.DataFrame:
+        c = topic_counts(_topic_from_pandas(pdf), layout)
+        return pd.DataFrame([_counts_row(c)])
+
+    rows: pd.DataFrame = partitions.groupBy("topic").applyInPandas(counts, COUNTS_SCHEMA).toPandas()
+    return [_counts_from_row(r) for _, r in rows.iterrows()]
+
+
+def topic_plans(
+    spark: SparkSession,
+    partitions: DataFrame,
+    targets: Sequence[TopicTargets],
+    layout: BrokerLayout,
+    seed: int = 0,
+) -> list[TopicPlan]:
+    """Stage 3 on the executors: each topic with its targets, changed partitions back."""
+    target_rows = pd.DataFrame(
+        {
+            "topic": [t.topic for t in targets],
+            "replicas": [t.replicas.tolist() for t in targets],
+            "leaders": [t.leaders.tolist() for t in targets],
+        }
+    )
+    target_frame = spark.createDataFrame(target_rows, TARGETS_SCHEMA)
+
+    def plan(pdf: pd.DataFrame, tdf: pd.DataFrame) -> pd.DataFrame:
+        topic = _topic_from_pandas(pdf)
+        row = tdf.iloc[0]
+        wanted = TopicTargets(
+            topic.topic,
+            np.asarray(row["replicas"], dtype=np.int64),
+            np.asarray(row["leaders"], dtype=np.int64),
+        )
+        result = plan_topic(topic, wanted, layout, seed)
+        out = [
+            {
+                "topic": ch.topic,
+                "partition": ch.partition,
+                "before": list(ch.before),
+                "after": list(ch.after),
+                "round_robin_moves": 0,
+                "notes": "",
+            }
+            for ch in result.changes
+        ]
+        out.append(
+            {
+                "topic": topic.topic,
+                "partition": SUMMARY_PARTITION,
+                "before": [],
+                "after": [],
+                "round_robin_moves": result.round_robin_moves,
+                "notes": json.dumps(result.notes),
+            }
+        )
+        return pd.DataFrame(out)
+
+    rows = (
+        partitions.groupBy("topic")
+        .cogroup(target_frame.groupBy("topic"))
+        .applyInPandas(plan, CHANGES_SCHEMA)
+        .toPandas()
+    )
+    return list(_plans_from_rows(rows))
+
+
+def _plans_from_rows(rows: pd.DataFrame) -> Iterator[TopicPlan]:
+    for topic, group in rows.groupby("topic", sort=True):
+        summary = group[group["partition"] == SUMMARY_PARTITION].iloc[0]
+        changes = group[group["partition"] != SUMMARY_PARTITION].sort_values("partition")
+        yield TopicPlan(
+            str(topic),
+            tuple(
+                PartitionChange(
+                    str(topic),
+                    int(r.partition),
+                    tuple(int(b) for b in r.before),
+                    tuple(int(b) for b in r.after),
+                )
+                for r in changes.itertuples()
+            ),
+            int(summary["round_robin_moves"]),
+            tuple(json.loads(summary["notes"])),
+        )
+
+
+def plan_replicas_spark(
+    spark: SparkSession,
+    topics: Sequence[TopicReplicas],
+    layout: BrokerLayout,
+    seed: int = 0,
+    slices: int | None = None,
+) -> ReplicaPlan:
+    """The whole planner with topics planned in parallel; equal to `plan_replicas`."""
+    partitions = partitions_frame(spark, topics, slices).cache()
+    try:
+        counts = collect_counts(partitions, layout)
+        targets = plan_targets(counts, layout)
+        plans = topic_plans(spark, partitions, targets, layout, seed)
+    finally:
+        partitions.unpersist()
+    return assemble(counts, targets, plans, layout)
