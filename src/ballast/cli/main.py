@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+import ballast.cli.plan
 from ballast.cli import cluster, pipeline, simulate
 
 app = typer.Typer(
@@ -15,6 +16,7 @@ app = typer.Typer(
 cluster.register(app)
 simulate.register(app)
 pipeline.register(app)
+ballast.cli.plan.register(app)
 
 
 def main() -> None:
