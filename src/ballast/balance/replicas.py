@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import zlib
 from collections import defaultdict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -409,6 +409,10 @@ class _TopicState:
         same = sum(1 for b in row if b != source and self.group[b] == g)
         return same < self.limits[len(row)]
 
+    def moved_replicas(self) -> int:
+        """Replicas now on a broker that did not hold them (the plan's move count)."""
+        return sum(len(set(self.rows[p]) - set(self.original[p])) for p in self.moved)
+
     def move(self, p: int, source: int, dest: int) -> None:
         row = self.rows[p]
         row[row.index(source)] = dest
@@ -474,6 +478,7 @@ def _relocate(state: _TopicState, targets: list[int], leader_targets: list[int])
                 held[b].append(p)
     over.sort(key=lambda b: (targets[b] - state.counts[b], ids[b]))
     under = [b for b in range(layout.size) if state.counts[b] < targets[b]]
+    received: dict[int, list[int]] = defaultdict(list)  # partitions moved in, per broker
 
     def rank(p: int, source: int) -> int:
         first = state.rows[p][0]
@@ -520,10 +525,13 @@ def _relocate(state: _TopicState, targets: list[int], leader_targets: list[int])
                         led[first] -= 1
                         led[dest] += 1
                     del candidates[i]
+                    received[dest].append(p)
                     done = True
                     break
                 if done:
                     break
+            if not done:
+                done = _reroute(state, source, candidates, targets, received, led)
             if not done:
                 excess = state.counts[source] - targets[source]
                 state.notes.append(
@@ -532,6 +540,95 @@ def _relocate(state: _TopicState, targets: list[int], leader_targets: list[int])
                     "without crowding a rack"
                 )
                 break
+
+
+def _reroute(
+    state: _TopicState,
+    source: int,
+    candidates: list[int],
+    targets: list[int],
+    received: dict[int, list[int]],
+    led: list[int],
+) -> bool:
+    """When no partition of `source` fits an under-target broker directly, find a chain:
+    p goes from source to d (full), a partition moved into d earlier goes on to d2, …
+    until a broker under target takes the last one. Every replica still moves once, so
+    the count stays at the lower bound (an augmenting path, breadth-first: shortest).
+    Only when no such chain exists may a chain pass on a replica a broker held before —
+    one move beyond the lower bound, which a note reports."""
+    if _find_chain(state, source, candidates, targets, received, led, received.__getitem__):
+        return True
+
+    def held(d: int) -> list[int]:
+        return [q for q, row in enumerate(state.rows) if d in row]
+
+    before = state.moved_replicas()
+    if _find_chain(state, source, candidates, targets, received, led, held):
+        extra = state.moved_replicas() - before - 1
+        if extra > 0:
+            state.notes.append(
+                f"[beyond-lower-bound] {state.topic}: {extra} extra move(s): broker "
+                f"{state.layout.ids[source]}'s replicas fit only brokers at their target"
+            )
+        return True
+    return False
+
+
+def _find_chain(
+    state: _TopicState,
+    source: int,
+    candidates: list[int],
+    targets: list[int],
+    received: dict[int, list[int]],
+    led: list[int],
+    movable: Callable[[int], list[int]],
+) -> bool:
+    layout = state.layout
+    parent: dict[int, tuple[int, int]] = {}  # broker reached -> (partition, from broker)
+    queue: deque[int] = deque()
+    for p in candidates:
+        for d in range(layout.size):
+            if d not in parent and d != source and layout.target[d] and state.fits(p, source, d):
+                parent[d] = (p, source)
+                queue.append(d)
+    found = NO_BROKER
+    while queue and found == NO_BROKER:
+        d = queue.popleft()
+        for q in movable(d):
+            for d2 in range(layout.size):
+                if d2 in parent or d2 == source or not layout.target[d2]:
+                    continue
+                if state.fits(q, d, d2):
+                    parent[d2] = (q, d)
+                    if state.counts[d2] < targets[d2]:
+                        found = d2
+                        break
+                    queue.append(d2)
+            if found != NO_BROKER:
+                break
+    if found == NO_BROKER:
+        return False
+    path = []
+    node = found
+    while True:
+        p, frm = parent[node]
+        path.append((p, frm, node))
+        if frm == source:
+            break
+        node = frm
+    if len({p for p, _, _ in path}) < len(path):
+        return False  # one partition twice on the path: its rows would interfere
+    for p, frm, to in path:  # the far end first: each step frees the broker before it
+        if state.rows[p][0] == frm:
+            led[frm] -= 1
+            led[to] += 1
+        state.move(p, frm, to)
+        if frm == source:
+            candidates.remove(p)
+        elif p in received[frm]:
+            received[frm].remove(p)
+        received[to].append(p)
+    return True
 
 
 def _choose_leaders(state: _TopicState, targets: list[int]) -> list[int]:
