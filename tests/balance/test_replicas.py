@@ -182,10 +182,12 @@ def test_spread_extras_keeps_replicas_where_they_are_when_it_can() -> None:
 # ------------------------------------------------------------------ properties
 
 
+# brokers, current assignment, brokers to add, brokers to remove, rack-aware
+Case = tuple[list[KafkaBroker], list[PartitionAssignment], list[int], list[int], bool]
+
+
 @st.composite
-def clusters(
-    draw: st.DrawFn, rack_aware: bool | None = None
-) -> tuple[list[KafkaBroker], list[PartitionAssignment], list[int], list[int], bool]:
+def clusters(draw: st.DrawFn, rack_aware: bool | None = None) -> Case:
     n = draw(st.integers(2, 8))
     racks = draw(st.integers(1, 4))
     brokers = [
@@ -205,9 +207,9 @@ def clusters(
     return brokers, assignment, add, remove, aware
 
 
-def _feasible(brokers, assignment, add, remove, rack_aware) -> tuple[ReplicaPlan, BrokerLayout]:  # type: ignore[no-untyped-def]
+def _feasible(case: Case) -> tuple[ReplicaPlan, BrokerLayout]:
     try:
-        return plan_of(brokers, assignment, add, remove, rack_aware)
+        return plan_of(*case)
     except ReplicaInputError:
         assume(False)
         raise
@@ -218,9 +220,9 @@ PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 
 @PROPERTY
 @given(clusters())
-def test_plan_reaches_its_targets_with_the_fewest_moves(case) -> None:  # type: ignore[no-untyped-def]
-    brokers, assignment, add, remove, rack_aware = case
-    plan, layout = _feasible(*case)
+def test_plan_reaches_its_targets_with_the_fewest_moves(case: Case) -> None:
+    assignment, rack_aware = case[1], case[4]
+    plan, layout = _feasible(case)
     topics = group_topics(assignment, layout)
     targets = plan_targets([topic_counts(t, layout) for t in topics], layout)
     after = applied(assignment, plan)
@@ -236,9 +238,9 @@ def test_plan_reaches_its_targets_with_the_fewest_moves(case) -> None:  # type: 
             # At the lower bound, but for moves the planner reports as beyond it (a replica
             # that fits only brokers already at their target).
             extra = sum(
-                int(re.search(r"(\d+) extra move", n).group(1))  # type: ignore[union-attr]
+                int(m.group(1))
                 for n in plan.notes
-                if n.startswith("[beyond-lower-bound]")
+                if (m := re.match(r"\[beyond-lower-bound\] .*: (\d+) extra move", n))
             )
             assert plan.replica_moves == plan.lower_bound + extra
     if not rack_aware:
@@ -255,9 +257,9 @@ def test_plan_reaches_its_targets_with_the_fewest_moves(case) -> None:  # type: 
 
 @PROPERTY
 @given(clusters(rack_aware=True))
-def test_no_rack_holds_two_replicas_when_racks_allow(case) -> None:  # type: ignore[no-untyped-def]
-    brokers, assignment, add, remove, rack_aware = case
-    plan, layout = _feasible(*case)
+def test_no_rack_holds_two_replicas_when_racks_allow(case: Case) -> None:
+    assignment = case[1]
+    plan, layout = _feasible(case)
     after = applied(assignment, plan)
     racks_left = {layout.racks[i] or f"-{b}" for i, b in enumerate(layout.ids) if layout.target[i]}
     rack_of = {b: r for b, r in zip(layout.ids, layout.racks, strict=True)}
@@ -271,9 +273,9 @@ def test_no_rack_holds_two_replicas_when_racks_allow(case) -> None:  # type: ign
 
 @PROPERTY
 @given(clusters())
-def test_leaders_within_floor_and_ceiling_where_replicas_allow(case) -> None:  # type: ignore[no-untyped-def]
-    brokers, assignment, add, remove, rack_aware = case
-    plan, layout = _feasible(*case)
+def test_leaders_within_floor_and_ceiling_where_replicas_allow(case: Case) -> None:
+    assignment = case[1]
+    plan, layout = _feasible(case)
     topics = group_topics(assignment, layout)
     targets = plan_targets([topic_counts(t, layout) for t in topics], layout)
     after = applied(assignment, plan)
@@ -298,9 +300,9 @@ def test_leaders_within_floor_and_ceiling_where_replicas_allow(case) -> None:  #
 
 @PROPERTY
 @given(clusters())
-def test_planning_the_plan_again_changes_nothing(case) -> None:  # type: ignore[no-untyped-def]
-    brokers, assignment, add, remove, rack_aware = case
-    plan, layout = _feasible(*case)
+def test_planning_the_plan_again_changes_nothing(case: Case) -> None:
+    assignment, rack_aware = case[1], case[4]
+    plan, layout = _feasible(case)
     assume(not [n for n in plan.notes if not n.startswith("[beyond-lower-bound]")])
     again, _ = plan_of(
         [KafkaBroker(b, layout.racks[i]) for i, b in enumerate(layout.ids) if layout.target[i]],
@@ -363,7 +365,7 @@ def test_bad_input_names_the_partition_and_the_value() -> None:
     topics = group_topics([PartitionAssignment("logs", 0, (1, 2, 3))], layout)
     check_feasible(topics, layout, strict=False)
     with pytest.raises(
-        ReplicaInputError, match="logs-0: replication factor 3 larger than .*racks: 2"
+        ReplicaInputError, match=r"logs-0: replication factor 3 larger than .*racks: 2"
     ):
         check_feasible(topics, layout, strict=True)
     with pytest.raises(ReplicaInputError, match="--remove 7: not a known broker"):
