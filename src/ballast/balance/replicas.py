@@ -221,10 +221,17 @@ def check_feasible(topics: Sequence[TopicReplicas], layout: BrokerLayout, strict
                     f"partition {name}: replication factor {worst} larger than available "
                     f"brokers: {brokers}"
                 )
+            rackless = sum(
+                1 for i in np.flatnonzero(layout.target).tolist() if layout.racks[i] is None
+            )
+            detail = (
+                f" ({racks - rackless} racks and {rackless} broker(s) without a rack)"
+                if rackless
+                else ""
+            )
             raise ReplicaInputError(
                 f"partition {name}: replication factor {worst} larger than available racks: "
-                f"{racks} (strict rack-awareness; drop --strict-racks to allow two replicas "
-                "in one rack)"
+                f"{racks}{detail}; drop --strict-racks to allow two replicas in one rack"
             )
 
 
