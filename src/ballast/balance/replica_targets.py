@@ -80,45 +80,67 @@ def water_fill(total: int, weights: IntArray, caps: IntArray) -> Shares:
     return Shares(whole, remainder, denominator, extra)
 
 
-def cluster_quotas(shares: Sequence[Shares], current: IntArray) -> IntArray:
-    """How many extras each bin takes over all topics: its expected extras, rounded.
+def cluster_quotas(
+    shares: Sequence[Shares], current: IntArray, ideal: npt.NDArray[np.float64] | None = None
+) -> IntArray:
+    """How many extras each bin takes over all topics.
 
-    The expected extras of a bin are the sum of its fractional shares; every bin gets the
-    floor, and the units left go first to bins whose current total exceeds what they
-    would otherwise get (fewer moves), then to the largest fractions, then by index.
+    A bin expects the sum of its fractional shares, or, given `ideal` (the total it
+    should end with), what its whole parts leave to reach it, within what its eligible
+    topics allow. Every bin gets the floor; the units left (or over) go one by one to
+    bins whose current total exceeds what they would otherwise get (fewer moves), then to
+    the largest fractions, then by index.
     """
-    if not shares:
-        return np.zeros(len(current), dtype=np.int64)
     bins = len(current)
-    expected = np.zeros(bins, dtype=np.float64)
+    if not shares:
+        return np.zeros(bins, dtype=np.int64)
+    fractions = np.zeros(bins, dtype=np.float64)
     wholes = np.zeros(bins, dtype=np.int64)
     eligible = np.zeros(bins, dtype=np.int64)
     extras = 0
     for s in shares:
         if s.extra:
-            expected += s.remainder / s.denominator
+            fractions += s.remainder / s.denominator
             eligible += s.remainder > 0
         wholes += s.whole
         extras += s.extra
+    expected = fractions if ideal is None else np.clip(ideal - wholes, 0, eligible)
     quota = np.minimum(np.floor(expected + _EPS).astype(np.int64), eligible)
+    fraction = expected - np.floor(expected + _EPS)
     left = extras - int(quota.sum())
-    if left > 0:
+    while left > 0:
         room = np.flatnonzero(quota < eligible)
         useful = current[room] > wholes[room] + quota[room]
-        fraction = expected[room] - np.floor(expected[room] + _EPS)
-        order = np.lexsort((room, -fraction, ~useful))
-        quota[room[order[:left]]] += 1
+        order = np.lexsort((room, -fraction[room], ~useful))
+        chosen = room[order[:left]]
+        quota[chosen] += 1
+        fraction[chosen] = 0.0
+        left -= len(chosen)
+    while left < 0:
+        room = np.flatnonzero(quota > 0)
+        spare = current[room] < wholes[room] + quota[room]
+        order = np.lexsort((room, fraction[room], ~spare))
+        chosen = room[order[:-left]]
+        quota[chosen] -= 1
+        fraction[chosen] = 1.0
+        left += len(chosen)
     return quota
 
 
-def spread_extras(shares: Sequence[Shares], current: Sequence[IntArray]) -> list[IntArray]:
+def spread_extras(
+    shares: Sequence[Shares],
+    current: Sequence[IntArray],
+    ideal: npt.NDArray[np.float64] | None = None,
+) -> list[IntArray]:
     """Integer targets for each topic: whole parts plus the extras spread over the cluster.
 
     `shares[t]` and `current[t]` cover the same bins for every topic t (current: what the
     bins hold now). Topics are taken in the given order; each gives its extras to eligible
-    bins (a non-zero remainder). A bin is *useful* in a topic when it holds more than the
-    whole part there (an extra keeps a replica in place); its *slack* is its quota left
-    minus the useful topics left. The ranking, so that no broker both gains and loses:
+    bins (a non-zero remainder). `ideal`, when given, is the total each bin should end
+    with over all topics (see `cluster_quotas`). A bin is *useful* in a topic when it
+    holds more than the whole part there (an extra keeps a replica in place); its *slack*
+    is its quota left minus the useful topics left. The ranking, so that no broker both
+    gains and loses:
 
     1. forced: quota left ≥ eligible topics left (it must take one in each);
     2. useful with slack ≥ 0 (it can keep every useful replica: do not make it lose one);
@@ -132,7 +154,7 @@ def spread_extras(shares: Sequence[Shares], current: Sequence[IntArray]) -> list
     total_current = np.zeros(bins, dtype=np.int64)
     for c in current:
         total_current += c
-    quota = cluster_quotas(shares, total_current)
+    quota = cluster_quotas(shares, total_current, ideal)
     eligible_left = np.zeros(bins, dtype=np.int64)
     useful_left = np.zeros(bins, dtype=np.int64)
     for s, cur in zip(shares, current, strict=True):

@@ -347,7 +347,13 @@ def plan_targets(counts: Sequence[TopicCounts], layout: BrokerLayout) -> list[To
         np.maximum(c.leaders - np.maximum(c.replicas - r, 0), 0)[members]
         for c, r in zip(counts, replica_targets, strict=True)
     ]
-    leader_targets = spread_extras(leader_shares, leader_current)
+    # Per topic a leader share is even over the holders, but holders of small topics
+    # hold few replicas each: summed up, brokers holding many small-topic replicas would
+    # lead more than others. Cluster-wide, leaderships follow replicas instead.
+    replica_totals = np.sum([r[members] for r in replica_targets], axis=0)
+    total_replicas = max(int(replica_totals.sum()), 1)
+    ideal = sum(c.partitions for c in counts) * replica_totals / total_replicas
+    leader_targets = spread_extras(leader_shares, leader_current, ideal)
     out = []
     for c, r, lead in zip(counts, replica_targets, leader_targets, strict=True):
         leaders = np.zeros(layout.size, dtype=np.int64)
