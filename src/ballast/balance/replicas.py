@@ -35,6 +35,8 @@ from ballast.balance.replica_targets import IntArray, Shares, spread_extras, wat
 NO_BROKER = -1
 # Longest chain of leadership hand-offs used to bring one broker back to its leader target.
 MAX_LEADER_CHAIN = 3
+# Sweeps of the cluster-wide leader pass over all partitions (each fixes what it can).
+LEADER_SWEEPS = 3
 
 
 class ReplicaInputError(ValueError):
@@ -289,11 +291,17 @@ def topic_counts(topic: TopicReplicas, layout: BrokerLayout) -> TopicCounts:
 
 @dataclass(frozen=True, eq=False)
 class TopicTargets:
-    """Replica and leader targets of one topic per broker (0 for removed brokers)."""
+    """Replica and leader targets of one topic per broker (0 for removed brokers).
+
+    `leader_floor`/`leader_ceiling` bound each broker's leaders in the topic (its fair
+    share rounded down and up); the cluster-wide pass may move within them.
+    """
 
     topic: str
     replicas: IntArray
     leaders: IntArray
+    leader_floor: IntArray | None = None
+    leader_ceiling: IntArray | None = None
 
 
 def _even_shares(total: int, bins: int) -> Shares:
@@ -355,10 +363,14 @@ def plan_targets(counts: Sequence[TopicCounts], layout: BrokerLayout) -> list[To
     ideal = sum(c.partitions for c in counts) * replica_totals / total_replicas
     leader_targets = spread_extras(leader_shares, leader_current, ideal)
     out = []
-    for c, r, lead in zip(counts, replica_targets, leader_targets, strict=True):
-        leaders = np.zeros(layout.size, dtype=np.int64)
+    for c, r, lead, share in zip(
+        counts, replica_targets, leader_targets, leader_shares, strict=True
+    ):
+        leaders, floor, ceiling = (np.zeros(layout.size, dtype=np.int64) for _ in range(3))
         leaders[members] = lead
-        out.append(TopicTargets(c.topic, r, leaders))
+        floor[members] = share.whole
+        ceiling[members] = share.whole + (share.remainder > 0)
+        out.append(TopicTargets(c.topic, r, leaders, floor, ceiling))
     return out
 
 
@@ -815,6 +827,92 @@ def plan_topic(
     return TopicPlan(topic.topic, tuple(changes), rr, tuple(state.notes))
 
 
+def balance_leaders(
+    topics: Sequence[TopicReplicas],
+    plans: Sequence[TopicPlan],
+    targets: Sequence[TopicTargets],
+    layout: BrokerLayout,
+) -> list[TopicPlan]:
+    """Cluster-wide leader pass (on the driver, after every topic is planned).
+
+    Leader targets are fixed before replicas move, so a broker can end up holding no
+    partition whose leader could hand over to it. Across all topics, though, a broker over
+    its cluster leader target almost always shares some partition with one under it: the
+    partition's leadership switches (one leader change fixes two brokers) as long as both
+    stay within the topic's floor..ceiling. Topics in name order, partitions in order.
+    """
+    index = {b: i for i, b in enumerate(layout.ids)}
+    by_topic = {t.topic: t for t in targets}
+    plan_of = {p.topic: p for p in plans}
+    target_total = np.zeros(layout.size, dtype=np.int64)
+    for t in targets:
+        target_total += t.leaders
+    working: list[tuple[TopicReplicas, list[list[int]], list[list[int]], list[int]]] = []
+    led_total = np.zeros(layout.size, dtype=np.int64)
+    for topic in topics:
+        matrix = topic.replicas
+        if (matrix >= 0).all():
+            original: list[list[int]] = matrix.tolist()
+        else:
+            original = [[b for b in row if b >= 0] for row in matrix.tolist()]
+        rows = list(original)
+        changes = plan_of[topic.topic].changes
+        if changes:
+            position = {p: i for i, p in enumerate(topic.partitions.tolist())}
+            for ch in changes:
+                rows[position[ch.partition]] = [index[b] for b in ch.after]
+        led = np.bincount([r[0] for r in rows], minlength=layout.size)
+        led_total += led
+        working.append((topic, original, rows, led.tolist()))
+    excess: list[int] = (led_total - target_total).tolist()
+    if not any(e > 0 for e in excess) or not any(e < 0 for e in excess):
+        return list(plans)
+    switched: set[str] = set()
+    for _ in range(LEADER_SWEEPS):
+        moved = 0
+        for topic, _original, rows, led in working:
+            t = by_topic[topic.topic]
+            if t.leader_floor is None or t.leader_ceiling is None:
+                continue
+            low: list[int] = t.leader_floor.tolist()
+            high: list[int] = t.leader_ceiling.tolist()
+            for p, row in enumerate(rows):
+                u = row[0]
+                if excess[u] <= 0 or led[u] <= low[u]:
+                    continue
+                takers = [w for w in row[1:] if excess[w] < 0 and led[w] < high[w]]
+                if not takers:
+                    continue
+                w = min(takers, key=lambda w: (excess[w], row.index(w)))
+                rows[p] = [w, u, *(b for b in row[1:] if b != w)]
+                led[u] -= 1
+                led[w] += 1
+                excess[u] -= 1
+                excess[w] += 1
+                switched.add(topic.topic)
+                moved += 1
+        if not moved:
+            break
+    out = []
+    ids = layout.ids
+    for topic, original, rows, _led in working:
+        plan = plan_of[topic.topic]
+        if topic.topic in switched:
+            changes = tuple(
+                PartitionChange(
+                    topic.topic,
+                    int(topic.partitions[p]),
+                    tuple(ids[b] for b in before),
+                    tuple(ids[b] for b in after),
+                )
+                for p, (before, after) in enumerate(zip(original, rows, strict=True))
+                if before != after
+            )
+            plan = TopicPlan(plan.topic, changes, plan.round_robin_moves, plan.notes)
+        out.append(plan)
+    return out
+
+
 # ---------------------------------------------------------------------------- the plan
 
 
@@ -991,4 +1089,4 @@ def plan_replicas(
     targets = plan_targets(counts, layout)
     by_topic = {t.topic: t for t in targets}
     plans = [plan_topic(t, by_topic[t.topic], layout, seed) for t in topics]
-    return assemble(counts, targets, plans, layout)
+    return assemble(counts, targets, balance_leaders(topics, plans, targets, layout), layout)

@@ -29,6 +29,7 @@ from ballast.balance.replicas import (
     TopicReplicas,
     TopicTargets,
     assemble,
+    balance_leaders,
     plan_targets,
     plan_topic,
     topic_counts,
@@ -212,4 +213,5 @@ def plan_replicas_spark(
         plans = topic_plans(spark, partitions, targets, layout, seed)
     finally:
         partitions.unpersist()
-    return assemble(counts, targets, plans, layout)
+    # The cluster-wide leader pass needs every topic at once: it runs on the driver.
+    return assemble(counts, targets, balance_leaders(topics, plans, targets, layout), layout)
