@@ -861,16 +861,16 @@ def balance_leaders(
             position = {p: i for i, p in enumerate(topic.partitions.tolist())}
             for ch in changes:
                 rows[position[ch.partition]] = [index[b] for b in ch.after]
-        led = np.bincount([r[0] for r in rows], minlength=layout.size)
-        led_total += led
-        working.append((topic, original, rows, led.tolist()))
+        first = np.bincount([r[0] for r in rows], minlength=layout.size)
+        led_total += first
+        working.append((topic, original, rows, first.tolist()))
     excess: list[int] = (led_total - target_total).tolist()
     if not any(e > 0 for e in excess) or not any(e < 0 for e in excess):
         return list(plans)
     switched: set[str] = set()
     for _ in range(LEADER_SWEEPS):
         moved = 0
-        for topic, _original, rows, led in working:
+        for topic, _original, rows, leading in working:
             t = by_topic[topic.topic]
             if t.leader_floor is None or t.leader_ceiling is None:
                 continue
@@ -878,15 +878,15 @@ def balance_leaders(
             high: list[int] = t.leader_ceiling.tolist()
             for p, row in enumerate(rows):
                 u = row[0]
-                if excess[u] <= 0 or led[u] <= low[u]:
+                if excess[u] <= 0 or leading[u] <= low[u]:
                     continue
-                takers = [w for w in row[1:] if excess[w] < 0 and led[w] < high[w]]
+                takers = [w for w in row[1:] if excess[w] < 0 and leading[w] < high[w]]
                 if not takers:
                     continue
                 w = min(takers, key=lambda w: (excess[w], row.index(w)))
                 rows[p] = [w, u, *(b for b in row[1:] if b != w)]
-                led[u] -= 1
-                led[w] += 1
+                leading[u] -= 1
+                leading[w] += 1
                 excess[u] -= 1
                 excess[w] += 1
                 switched.add(topic.topic)
@@ -895,7 +895,7 @@ def balance_leaders(
             break
     out = []
     ids = layout.ids
-    for topic, original, rows, _led in working:
+    for topic, original, rows, _leading in working:
         plan = plan_of[topic.topic]
         if topic.topic in switched:
             changes = tuple(
