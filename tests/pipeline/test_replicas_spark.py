@@ -42,6 +42,7 @@ def test_spark_plan_equals_local_plan(spark: SparkSession, rack_aware: bool) -> 
     local = plan_replicas(topics, layout)
     on_spark = plan_replicas_spark(spark, topics, layout, slices=3)
     assert local.replica_moves > 0 and local.changes
+    assert local.rack_violations_before == 1
     assert on_spark == local
 
 

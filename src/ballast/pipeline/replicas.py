@@ -1,7 +1,7 @@
 """The Kafka replica planner as a Spark job: the same pure stages, topics in parallel.
 
 1. Partitions are a DataFrame (topic, partition, r0…r{w-1}: broker indices, -1 padding);
-   grouped by topic, each group yields its `TopicCounts` (one row per topic).
+   plain aggregations give each topic's `TopicCounts` (replicas and leaders per broker).
 2. The driver collects the counts and fixes the cluster-wide targets (`plan_targets`):
    this is the only step that needs every topic at once, and it is small (topics × brokers).
 3. Partitions and targets are co-grouped by topic and every topic is planned on the
@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from ballast.balance.replicas import (
     BrokerLayout,
@@ -32,17 +34,13 @@ from ballast.balance.replicas import (
     balance_leaders,
     plan_targets,
     plan_topic,
-    topic_counts,
+    rack_violations,
 )
 
-COUNTS_SCHEMA = (
-    "topic string, partitions long, rf_histogram string, rack_violations long, "
-    "replicas array<long>, leaders array<long>"
-)
 TARGETS_SCHEMA = "topic string, replicas array<long>, leaders array<long>"
 CHANGES_SCHEMA = (
     "topic string, partition long, before array<long>, after array<long>, "
-    "round_robin_moves long, notes string"
+    "round_robin_moves long, rack_violations long, notes string"
 )
 SUMMARY_PARTITION = -1  # the row carrying a topic's round-robin figure and notes
 
@@ -87,37 +85,50 @@ def _topic_from_pandas(pdf: pd.DataFrame) -> TopicReplicas:
     )
 
 
-def _counts_row(c: TopicCounts) -> dict[str, object]:
-    return {
-        "topic": c.topic,
-        "partitions": c.partitions,
-        "rf_histogram": json.dumps(c.rf_histogram),
-        "rack_violations": c.rack_violations,
-        "replicas": c.replicas.tolist(),
-        "leaders": c.leaders.tolist(),
-    }
-
-
-def _counts_from_row(row: pd.Series) -> TopicCounts:
-    return TopicCounts(
-        topic=str(row["topic"]),
-        partitions=int(row["partitions"]),
-        rf_histogram=tuple((int(a), int(b)) for a, b in json.loads(row["rf_histogram"])),
-        replicas=np.asarray(row["replicas"], dtype=np.int64),
-        leaders=np.asarray(row["leaders"], dtype=np.int64),
-        rack_violations=int(row["rack_violations"]),
-    )
-
-
 def collect_counts(partitions: DataFrame, layout: BrokerLayout) -> list[TopicCounts]:
-    """Stage 1 on the executors: one TopicCounts per topic."""
+    """Stage 1 as plain aggregations (no Python on the executors): per topic and broker,
+    replicas held and partitions led, and per topic how many partitions have each RF.
 
-    def counts(pdf: pd.DataFrame) -> pd.DataFrame:
-        c = topic_counts(_topic_from_pandas(pdf), layout)
-        return pd.DataFrame([_counts_row(c)])
-
-    rows: pd.DataFrame = partitions.groupBy("topic").applyInPandas(counts, COUNTS_SCHEMA).toPandas()
-    return [_counts_from_row(r) for _, r in rows.iterrows()]
+    Rack violations are counted in stage 3, where each topic's rows are at hand; they are
+    0 here until `plan_replicas_spark` fills them in.
+    """
+    width = sum(1 for c in partitions.columns if c.startswith("r"))
+    replicas = F.array(*[F.col(f"r{j}") for j in range(width)])
+    held: pd.DataFrame = (
+        partitions.select("topic", F.explode(replicas).alias("broker"))
+        .where(F.col("broker") >= 0)
+        .groupBy("topic", "broker")
+        .count()
+        .toPandas()
+    )
+    led: pd.DataFrame = partitions.groupBy("topic", F.col("r0").alias("broker")).count().toPandas()
+    factors: pd.DataFrame = (
+        partitions.select("topic", F.size(F.filter(replicas, lambda b: b >= 0)).alias("rf"))
+        .groupBy("topic", "rf")
+        .count()
+        .toPandas()
+    )
+    names = sorted(factors["topic"].unique().tolist())
+    row_of = {name: i for i, name in enumerate(names)}
+    held_matrix = np.zeros((len(names), layout.size), dtype=np.int64)
+    led_matrix = np.zeros((len(names), layout.size), dtype=np.int64)
+    for frame, matrix in ((held, held_matrix), (led, led_matrix)):
+        rows = frame["topic"].map(row_of).to_numpy(dtype=np.int64)
+        matrix[rows, frame["broker"].to_numpy(dtype=np.int64)] = frame["count"].to_numpy()
+    histogram: dict[str, list[tuple[int, int]]] = {name: [] for name in names}
+    for topic, rf, n in factors.sort_values(["topic", "rf"]).itertuples(index=False):
+        histogram[topic].append((int(rf), int(n)))
+    return [
+        TopicCounts(
+            topic=name,
+            partitions=sum(n for _, n in histogram[name]),
+            rf_histogram=tuple(histogram[name]),
+            replicas=held_matrix[i].copy(),
+            leaders=led_matrix[i].copy(),
+            rack_violations=0,
+        )
+        for i, name in enumerate(names)
+    ]
 
 
 def topic_plans(
@@ -126,8 +137,14 @@ def topic_plans(
     targets: Sequence[TopicTargets],
     layout: BrokerLayout,
     seed: int = 0,
+    violations: dict[str, int] | None = None,
 ) -> list[TopicPlan]:
-    """Stage 3 on the executors: each topic with its targets, changed partitions back."""
+    """Stage 3 on the executors: each topic with its targets, changed partitions back.
+
+    `violations`, when given, receives each topic's rack violations before the plan.
+    """
+    if violations is None:
+        violations = {}
     target_rows = pd.DataFrame(
         {
             "topic": [t.topic for t in targets],
@@ -153,6 +170,7 @@ def topic_plans(
                 "before": list(ch.before),
                 "after": list(ch.after),
                 "round_robin_moves": 0,
+                "rack_violations": 0,
                 "notes": "",
             }
             for ch in result.changes
@@ -164,16 +182,23 @@ def topic_plans(
                 "before": [],
                 "after": [],
                 "round_robin_moves": result.round_robin_moves,
+                "rack_violations": int(
+                    rack_violations(topic.replicas, layout.rack_group, layout.rack_limits).sum()
+                ),
                 "notes": json.dumps(result.notes),
             }
         )
         return pd.DataFrame(out)
 
-    rows = (
+    rows: pd.DataFrame = (
         partitions.groupBy("topic")
         .cogroup(target_frame.groupBy("topic"))
         .applyInPandas(plan, CHANGES_SCHEMA)
         .toPandas()
+    )
+    summaries = rows[rows["partition"] == SUMMARY_PARTITION]
+    violations.update(
+        zip(summaries["topic"], summaries["rack_violations"].astype(int), strict=True)
     )
     return list(_plans_from_rows(rows))
 
@@ -210,8 +235,10 @@ def plan_replicas_spark(
     try:
         counts = collect_counts(partitions, layout)
         targets = plan_targets(counts, layout)
-        plans = topic_plans(spark, partitions, targets, layout, seed)
+        violations: dict[str, int] = {}
+        plans = topic_plans(spark, partitions, targets, layout, seed, violations)
     finally:
         partitions.unpersist()
+    counts = [replace(c, rack_violations=violations[c.topic]) for c in counts]
     # The cluster-wide leader pass needs every topic at once: it runs on the driver.
     return assemble(counts, targets, balance_leaders(topics, plans, targets, layout), layout)
