@@ -21,8 +21,8 @@ from ballast.pipeline.replicas import plan_replicas_spark
 
 
 def _cluster(rf: int = 3) -> tuple[list[KafkaBroker], list[PartitionAssignment]]:
-    """9 brokers in 3 racks (one without a rack), topics of 1..40 partitions, some
-    mixed-RF, one rack violation; the kind of input where every stage has work."""
+    """9 brokers in 3 racks (one without a rack), topics of 1..40 partitions, one
+    partition at RF 2, many rack violations; every stage of the planner has work."""
     brokers = [KafkaBroker(i, f"r{i % 3}" if i != 8 else None) for i in range(9)]
     assignment = []
     for t, size in enumerate((40, 17, 6, 1, 3)):
@@ -42,7 +42,8 @@ def test_spark_plan_equals_local_plan(spark: SparkSession, rack_aware: bool) -> 
     local = plan_replicas(topics, layout)
     on_spark = plan_replicas_spark(spark, topics, layout, slices=3)
     assert local.replica_moves > 0 and local.changes
-    assert local.rack_violations_before == 1
+    assert local.rack_violations_before > 0
+    assert local.rack_violations_after == 0 or not rack_aware
     assert on_spark == local
 
 
