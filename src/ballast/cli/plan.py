@@ -210,8 +210,8 @@ def register(app: typer.Typer) -> None:
         above a broker's target move, only to brokers below theirs that keep rack
         anti-affinity. Then leaders are balanced with the fewest leader changes and the
         followers of changed partitions are ordered so that a broker's failure spreads its
-        leaderships. OUT holds only the partitions that change; feed it to
-        `kafka-reassign-partitions --execute --reassignment-json-file OUT`.
+        leaderships. The --out file holds only the partitions that change; feed it to
+        `kafka-reassign-partitions --execute --reassignment-json-file FILE`.
         """
         err = Console(stderr=True)
         started = time.perf_counter()
