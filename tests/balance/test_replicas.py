@@ -215,7 +215,14 @@ def _feasible(case: Case) -> tuple[ReplicaPlan, BrokerLayout]:
         raise
 
 
-PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Derandomized: the same examples on every run, so CI never flakes; raise max_examples
+# (and drop derandomize) to explore further by hand.
+PROPERTY = settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 @PROPERTY

@@ -127,6 +127,32 @@ def cluster_quotas(
     return quota
 
 
+def _already_balanced(
+    shares: Sequence[Shares],
+    current: Sequence[IntArray],
+    ideal: npt.NDArray[np.float64] | None,
+) -> bool:
+    """Is `current` itself a valid choice of extras, per topic and cluster-wide?"""
+    bins = len(shares[0].whole)
+    fractions = np.zeros(bins, dtype=np.float64)
+    wholes = np.zeros(bins, dtype=np.int64)
+    eligible = np.zeros(bins, dtype=np.int64)
+    taken = np.zeros(bins, dtype=np.int64)
+    for s, cur in zip(shares, current, strict=True):
+        extra = cur - s.whole
+        if (extra < 0).any() or (extra > (s.remainder > 0)).any() or extra.sum() != s.extra:
+            return False
+        if s.extra:
+            fractions += s.remainder / s.denominator
+            eligible += s.remainder > 0
+        wholes += s.whole
+        taken += extra
+    expected = fractions if ideal is None else np.clip(ideal - wholes, 0, eligible)
+    low = np.floor(expected + _EPS)
+    high = np.ceil(expected - _EPS)
+    return bool(((taken >= low) & (taken <= high)).all())
+
+
 def spread_extras(
     shares: Sequence[Shares],
     current: Sequence[IntArray],
@@ -135,7 +161,7 @@ def spread_extras(
     """Integer targets for each topic: whole parts plus the extras spread over the cluster.
 
     `shares[t]` and `current[t]` cover the same bins for every topic t (current: what the
-    bins hold now). Topics are taken in the given order; each gives its extras to eligible
+    bins hold now). Topics are taken fewest-choices first; each gives its extras to eligible
     bins (a non-zero remainder). `ideal`, when given, is the total each bin should end
     with over all topics (see `cluster_quotas`). A bin is *useful* in a topic when it
     holds more than the whole part there (an extra keeps a replica in place); its *slack*
@@ -154,6 +180,10 @@ def spread_extras(
     total_current = np.zeros(bins, dtype=np.int64)
     for c in current:
         total_current += c
+    if _already_balanced(shares, current, ideal):
+        # Every topic already within its shares and every bin within one of its expected
+        # total: nothing to choose, and a plan's own result is planned again unchanged.
+        return [c.copy() for c in current]
     quota = cluster_quotas(shares, total_current, ideal)
     eligible_left = np.zeros(bins, dtype=np.int64)
     useful_left = np.zeros(bins, dtype=np.int64)
@@ -162,9 +192,12 @@ def spread_extras(
             eligible = s.remainder > 0
             eligible_left += eligible
             useful_left += eligible & (cur > s.whole)
-    targets: list[IntArray] = []
-    for s, cur in zip(shares, current, strict=True):
-        target = s.whole.copy()
+    targets: list[IntArray] = [s.whole.copy() for s in shares]
+    # Most constrained topics first (fewest bins that may take an extra): a topic with
+    # a choice of many bins is served last, from whatever quota is left.
+    choice = [int((s.remainder > 0).sum()) for s in shares]
+    for t in sorted(range(len(shares)), key=lambda t: (choice[t], t)):
+        s, cur, target = shares[t], current[t], targets[t]
         if s.extra:
             idx = np.flatnonzero(s.remainder > 0)
             left = quota[idx]
@@ -183,5 +216,4 @@ def spread_extras(
             quota[chosen] -= 1
             eligible_left[idx] -= 1
             useful_left[idx[useful]] -= 1
-        targets.append(target)
     return targets

@@ -428,7 +428,7 @@ class _TopicState:
     def fits(self, p: int, source: int, dest: int) -> bool:
         """May partition p's replica on `source` go to `dest` without breaking anti-affinity?"""
         row = self.rows[p]
-        if dest in row:
+        if dest in row or source not in row:  # (a chain may have moved it already)
             return False
         g = self.group[dest]
         same = sum(1 for b in row if b != source and self.group[b] == g)
@@ -451,7 +451,7 @@ def _fix_rack_violations(state: _TopicState, targets: list[int], bad: Iterable[i
     """Move replicas out of over-full groups, preferring over-target sources and
     under-target destinations (then a move costs nothing beyond the lower bound)."""
     layout = state.layout
-    target_mask = layout.target.tolist()
+    target_array = np.asarray(targets, dtype=np.int64)
     for p in bad:
         while True:
             row = state.rows[p]
@@ -467,15 +467,25 @@ def _fix_rack_violations(state: _TopicState, targets: list[int], bad: Iterable[i
                 crowded,
                 key=lambda b: (targets[b] - state.counts[b], b == row[0], -layout.ids[b]),
             )
-            fitting = [d for d in range(layout.size) if target_mask[d] and state.fits(p, source, d)]
-            if not fitting:
+            # Every broker `fits` would accept, at once: in the cluster, not in the row,
+            # in a group holding fewer than the limit once the source's replica leaves.
+            per_group[state.group[source]] -= 1
+            full = [g for g, n in per_group.items() if n >= limit]
+            fitting = layout.target.copy()
+            fitting[row] = False
+            if full:
+                fitting &= ~np.isin(layout.group, full)
+            candidates = np.flatnonzero(fitting)
+            if not len(candidates):
                 state.notes.append(
                     f"[rack-anti-affinity] {state.topic}-{state.partitions[p]}: no broker can "
                     f"take the replica on broker {layout.ids[source]} without crowding a rack"
                 )
                 break
-            # Largest deficit first: an under-target broker absorbs the move for free.
-            dest = min(fitting, key=lambda d: (state.counts[d] - targets[d], layout.ids[d]))
+            # Largest deficit first: an under-target broker absorbs the move for free; then
+            # by id (indices follow ids).
+            surplus = np.asarray(state.counts)[candidates] - target_array[candidates]
+            dest = int(candidates[np.lexsort((candidates, surplus))[0]])
             state.move(p, source, dest)
 
 
@@ -656,7 +666,9 @@ def _find_chain(
     return True
 
 
-def _choose_leaders(state: _TopicState, targets: list[int]) -> list[int]:
+def _choose_leaders(
+    state: _TopicState, targets: list[int], ceiling: list[int] | None = None
+) -> list[int]:
     """One leader per partition, at the leader targets with the fewest leader changes.
 
     Every partition starts with the leader relocation left it (its current one, or the
@@ -687,6 +699,9 @@ def _choose_leaders(state: _TopicState, targets: list[int]) -> list[int]:
                 led[w] += 1
     if any(led[b] > targets[b] for b in over):
         _repair_leaders(state, leader, led, targets)
+    if ceiling is not None and any(led[b] > ceiling[b] for b in over):
+        # Exact targets out of reach: at least no broker above the topic's fair share.
+        _repair_leaders(state, leader, led, ceiling)
     return leader
 
 
@@ -809,7 +824,8 @@ def plan_topic(
     _fix_rack_violations(state, replica_targets, bad.tolist())
     leader_targets: list[int] = targets.leaders.tolist()
     _relocate(state, replica_targets, leader_targets)
-    leader = _choose_leaders(state, leader_targets)
+    ceiling = None if targets.leader_ceiling is None else targets.leader_ceiling.tolist()
+    leader = _choose_leaders(state, leader_targets, ceiling)
     _order_followers(state, leader)
     ids = layout.ids
     changes = []

@@ -37,7 +37,10 @@ from ballast.balance.replicas import (
     rack_violations,
 )
 
-TARGETS_SCHEMA = "topic string, replicas array<long>, leaders array<long>"
+TARGETS_SCHEMA = (
+    "topic string, replicas array<long>, leaders array<long>, leader_floor array<long>, "
+    "leader_ceiling array<long>"
+)
 CHANGES_SCHEMA = (
     "topic string, partition long, before array<long>, after array<long>, "
     "round_robin_moves long, rack_violations long, notes string"
@@ -131,6 +134,14 @@ def collect_counts(partitions: DataFrame, layout: BrokerLayout) -> list[TopicCou
     ]
 
 
+def _listed(values: np.ndarray | None) -> list[int] | None:
+    return None if values is None else values.tolist()
+
+
+def _array(values: object) -> np.ndarray | None:
+    return None if values is None else np.asarray(values, dtype=np.int64)
+
+
 def topic_plans(
     spark: SparkSession,
     partitions: DataFrame,
@@ -150,6 +161,8 @@ def topic_plans(
             "topic": [t.topic for t in targets],
             "replicas": [t.replicas.tolist() for t in targets],
             "leaders": [t.leaders.tolist() for t in targets],
+            "leader_floor": [_listed(t.leader_floor) for t in targets],
+            "leader_ceiling": [_listed(t.leader_ceiling) for t in targets],
         }
     )
     target_frame = spark.createDataFrame(target_rows, TARGETS_SCHEMA)
@@ -161,6 +174,8 @@ def topic_plans(
             topic.topic,
             np.asarray(row["replicas"], dtype=np.int64),
             np.asarray(row["leaders"], dtype=np.int64),
+            _array(row["leader_floor"]),
+            _array(row["leader_ceiling"]),
         )
         result = plan_topic(topic, wanted, layout, seed)
         out = [
