@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ballast.cli import cluster, data, gateway, namespaces, pipeline, simulate
+from ballast.cli import cluster, data, gateway, namespaces, pipeline, plan, simulate
 
 app = typer.Typer(
     name="ballast",
@@ -19,6 +19,7 @@ gateway.register(app)
 data.register(app)
 simulate.register(app)
 pipeline.register(app)
+plan.register(app)
 
 
 def main() -> None:
