@@ -55,6 +55,7 @@ def select_broker(
     marker: UnassignedMarker | None = None,
     last_chosen: BrokerId | None = None,
     scores: Mapping[BrokerId, float] | None = None,
+    band: float = ROUND_ROBIN_BAND,
 ) -> Placement:
     """Pick the broker for one topic.
 
@@ -77,15 +78,15 @@ def select_broker(
         why = rejected.get(marker.to_broker, "[unknown] broker is not registered")
         rejected = {**rejected, marker.to_broker: why}
     lowest = min(scores[b] for b in allowed)
-    band = lowest + ROUND_ROBIN_BAND * abs(lowest)
-    candidates = tuple(sorted(b for b in allowed if scores[b] <= band))
+    ceiling = lowest + band * abs(lowest)
+    candidates = tuple(sorted(b for b in allowed if scores[b] <= ceiling))
     following = [b for b in candidates if last_chosen is not None and b > last_chosen]
     chosen = following[0] if following else candidates[0]
     for b in allowed:
         if b not in candidates:
-            rejected[b] = f"[score] {scores[b]:.2f} is above the band {band:.2f}"
+            rejected[b] = f"[score] {scores[b]:.2f} is above the band {ceiling:.2f}"
     reason = (
-        f"[round-robin] {chosen} among {len(candidates)} broker(s) within 10% of the "
+        f"[round-robin] {chosen} among {len(candidates)} broker(s) within {band:.0%} of the "
         f"minimum score {lowest:.2f}"
     )
     return Placement(chosen, reason, candidates, rejected, scores)
@@ -127,14 +128,17 @@ def plan_failover(
     """Spread a dead broker's topics over the survivors.
 
     Heaviest first, each carrying its last known load and resource share, so the
-    survivors' scores rise as they receive topics and nothing piles onto one broker.
+    survivors' scores rise as they receive topics and nothing piles onto one broker. Each
+    topic goes to the least-loaded survivor (round-robin among exact ties only, no 10 %
+    band): failover is a bulk placement that levels the survivors out (with Fair, counts end
+    at most one apart), where the band would keep the gaps between them.
     """
     survivors, orphans = remove_broker(snapshot, dead)
     orphans.sort(key=lambda o: (-topic_weight(o[1]), o[0]))
     marker = UnassignedMarker(MarkerReason.FAILOVER, from_broker=dead, timestamp=now)
     placements = []
     for topic, load, resources in orphans:
-        placement = select_broker(survivors, strategy, marker, last_chosen)
+        placement = select_broker(survivors, strategy, marker, last_chosen, band=0.0)
         placements.append((topic, placement))
         if placement.broker is not None:
             survivors = add_topic(survivors, topic, placement.broker, load, resources)

@@ -1,8 +1,10 @@
 """The rebalancing decision: one move per cycle, or a hold that says why.
 
 Rules, in order (each hold names its rule): disabled, too few brokers, balanced (with
-hysteresis: an episode starts above `cv_threshold` and ends below `target_cv`), rate limit,
-cooldown, then the search for a move that strictly reduces imbalance.
+hysteresis: an episode starts above `cv_threshold` and ends below `target_cv`), noise floor
+(the score spread is below `min_imbalance`), rate limit, cooldown, then the search for a
+move that strictly reduces imbalance, does not overshoot (the source stays at or above the
+target) and does not return a topic to the broker it left within `return_window_seconds`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from ballast.balance.candidates import movable_topics
 from ballast.balance.estimate import apply_move, broker_topic_load
 from ballast.balance.history import MoveHistory
 from ballast.balance.imbalance import Imbalance, measure, sum_squared_deviations
+from ballast.balance.noise import is_return, overshoots, spread_hold
 from ballast.balance.rankings import score_brokers
 from ballast.config import RebalancingConfig, Strategy
 from ballast.model import BrokerId, ClusterSnapshot, Move
@@ -100,8 +103,14 @@ def find_move(
         target = targets[0]
         cands = movable_topics(snapshot, source, history, now, config)
         topics = [(t, w) for t, w in cands.topics if t not in exclude_topics]
+        window = config.return_window_seconds
+        returning = [t for t, _ in topics if is_return(history, t, target, now, window)]
+        topics = [(t, w) for t, w in topics if t not in returning]
         if not topics:
-            notes.append(f"{source}: no movable topic (excluded: {cands.explain_exclusions()})")
+            excluded = cands.explain_exclusions()
+            if returning:
+                excluded += f", {len(returning)} left {target} within the return window"
+            notes.append(f"{source}: no movable topic (excluded: {excluded})")
             continue
         gap = scores[source] - scores[target]
         est = _estimated_weights(snapshot, source, [w for _, w in topics], scores[source])
@@ -114,6 +123,8 @@ def find_move(
             topic = topics[i][0]
             after = apply_move(snapshot, topic, source, target)
             new_scores = active_scores(after, strategy)
+            if overshoots(new_scores, source, target):
+                continue  # more than the imbalance one move can fix: noise would undo it
             if sum_squared_deviations(new_scores) < before * (1 - 1e-12) - 1e-12:
                 move = Move(
                     topic=topic,
@@ -167,6 +178,9 @@ def decide_rebalance(
             f"({config.aggressiveness.value})",
             stats,
         )
+    floor = spread_hold(stats, config)
+    if floor is not None:
+        return Decision("noise-floor", floor, stats)
     recent = len(history.in_window(now))
     wait = history.next_rate_slot(now, config.max_moves_per_hour)
     if wait > 0:

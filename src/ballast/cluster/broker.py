@@ -26,13 +26,12 @@ from typing import Any
 from ballast.clock import Clock
 from ballast.cluster.host import TopicHost
 from ballast.cluster.metrics import ClusterMetrics
-from ballast.cluster.records import Registration, parse_assignment_value
+from ballast.cluster.records import Registration, parse_assignment_value, release_ops
 from ballast.cluster.resources import PsutilSampler, ResourceSampler
 from ballast.cluster.service import Service, keep_alive, watching
 from ballast.config import BallastConfig
 from ballast.metadata import (
     Compare,
-    Delete,
     Lease,
     Listing,
     MetadataError,
@@ -348,7 +347,7 @@ class BrokerNode(Service):
         )
         result = await self.store.txn(
             [Compare.mod_revision_equals(key, revision), Compare.absent(keys.unassigned(topic))],
-            [Delete(key), Put(keys.unassigned(topic), marker.to_dict())],
+            [*release_ops(self.broker_id, topic), Put(keys.unassigned(topic), marker.to_dict())],
         )
         if result.succeeded:
             log.info("%s: %s is draining; bounced %s", self.name, self.mode.value, topic)

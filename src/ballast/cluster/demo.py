@@ -186,7 +186,7 @@ async def _prepare(store: MetadataStore) -> None:
             "cluster (use the embedded store, or an etcd nobody else uses)"
         )
     await store.delete_prefix(keys.CLUSTER_PREFIX)
-    await store.delete_prefix(f"{keys.TOPICS_PREFIX}{NAMESPACE}/")
+    await store.delete_prefix(keys.namespace_topics_prefix(NAMESPACE))
 
 
 async def run_demo(
@@ -237,7 +237,7 @@ async def run_demo(
                 await show("done")
         if etcd is not None:
             await store.delete_prefix(keys.CLUSTER_PREFIX)
-            await store.delete_prefix(f"{keys.TOPICS_PREFIX}{NAMESPACE}/")
+            await store.delete_prefix(keys.namespace_topics_prefix(NAMESPACE))
     summary.duration_seconds = time.monotonic() - started
     _print_summary(console, summary)
     return summary

@@ -12,11 +12,13 @@ a foreign key instead of crashing.
 | `broker_state(b)` | ``/cluster/brokers/{b}/state`` |
 | `broker_assignment(b, t)` | ``/cluster/brokers/{b}/{ns}/{topic}`` |
 | `unassigned(t)` | ``/cluster/unassigned/{ns}/{topic}`` |
+| `topic_owner(t)` | ``/cluster/owners/{ns}/{topic}`` (one per owned topic: "never two owners") |
 | `load(b)` | ``/cluster/load/{b}`` |
 | `LEADER` | ``/cluster/leader`` |
 | `LOAD_BALANCE` | ``/cluster/load_balance`` |
 | `rebalancing_history(ts, seq)` | ``/cluster/rebalancing_history/{ts_ms:015}-{seq:06}`` |
 | `topic_meta(t)` | ``/topics/{ns}/{topic}/meta`` |
+| `namespace_topics_prefix(ns)` | ``/topics/{ns}/`` |
 | `subscription_cursor(t, s)` | ``/topics/{ns}/{topic}/subscriptions/{s}/cursor`` |
 | `storage_object(t, start)` | ``/storage/topics/{ns}/{topic}/objects/{start:020}`` |
 | `storage_state(t)` | ``/storage/topics/{ns}/{topic}/state`` |
@@ -36,6 +38,7 @@ __all__ = [
     "LEADER",
     "LOAD_BALANCE",
     "LOAD_PREFIX",
+    "OWNERS_PREFIX",
     "REGISTER_PREFIX",
     "STORAGE_PREFIX",
     "TOPICS_PREFIX",
@@ -46,7 +49,9 @@ __all__ = [
     "broker_assignments_prefix",
     "broker_prefix",
     "broker_state",
+    "is_broker_state_key",
     "load",
+    "namespace_topics_prefix",
     "parse_assignment_key",
     "parse_broker_state_key",
     "parse_history_key",
@@ -54,6 +59,8 @@ __all__ = [
     "parse_register_key",
     "parse_storage_object_key",
     "parse_subscription_cursor_key",
+    "parse_topic_meta_key",
+    "parse_topic_owner_key",
     "parse_unassigned_key",
     "rebalancing_history",
     "register",
@@ -64,6 +71,7 @@ __all__ = [
     "subscription_cursor",
     "subscriptions_prefix",
     "topic_meta",
+    "topic_owner",
     "topic_prefix",
     "unassigned",
 ]
@@ -74,6 +82,7 @@ CLUSTER_PREFIX = "/cluster/"
 REGISTER_PREFIX = "/cluster/register/"
 BROKERS_PREFIX = "/cluster/brokers/"
 UNASSIGNED_PREFIX = "/cluster/unassigned/"
+OWNERS_PREFIX = "/cluster/owners/"
 LOAD_PREFIX = "/cluster/load/"
 LEADER = "/cluster/leader"
 LOAD_BALANCE = "/cluster/load_balance"
@@ -164,6 +173,11 @@ def broker_state(broker_id: str) -> str:
     return f"{broker_prefix(broker_id)}state"
 
 
+def is_broker_state_key(key: str) -> bool:
+    """Whether `key` has the shape of a broker-state key (``/cluster/brokers/{b}/state``)."""
+    return key.startswith(BROKERS_PREFIX) and key.endswith("/state") and key.count("/") == 4
+
+
 def parse_broker_state_key(key: str) -> str:
     """Broker id of a broker-state key."""
     broker_id, leaf = _segments(key, BROKERS_PREFIX, 2, "a broker-state")
@@ -206,6 +220,23 @@ def parse_unassigned_key(key: str) -> TopicName:
     """Topic of an unassigned-marker key."""
     namespace, name = _segments(key, UNASSIGNED_PREFIX, 2, "an unassigned-marker")
     return _parsed_topic(key, namespace, name, "an unassigned-marker")
+
+
+def topic_owner(topic: TopicLike) -> str:
+    """Ownership record of a topic: ``{broker_id}`` of its one owner.
+
+    Written and deleted in the same transaction as the per-broker assignment key, so a
+    placement proves "no other owner" with ONE compare (this key is absent), whatever the
+    number of brokers.
+    """
+    t = _topic(topic)
+    return f"{OWNERS_PREFIX}{t.namespace}/{t.name}"
+
+
+def parse_topic_owner_key(key: str) -> TopicName:
+    """Topic of an ownership-record key."""
+    namespace, name = _segments(key, OWNERS_PREFIX, 2, "an ownership-record")
+    return _parsed_topic(key, namespace, name, "an ownership-record")
 
 
 def load(broker_id: str) -> str:
@@ -264,6 +295,24 @@ def topic_prefix(topic: TopicLike) -> str:
 def topic_meta(topic: TopicLike) -> str:
     """Metadata key of a topic."""
     return f"{topic_prefix(topic)}meta"
+
+
+def namespace_topics_prefix(namespace: str) -> str:
+    """Prefix of the metadata of every topic of one namespace."""
+    try:
+        valid = TopicName(namespace, "x").namespace  # validates the namespace part
+    except ModelError as exc:
+        raise ValueError(f"invalid namespace {namespace!r}: {exc}") from exc
+    return f"{TOPICS_PREFIX}{valid}/"
+
+
+def parse_topic_meta_key(key: str) -> TopicName:
+    """Topic of a ``/topics/{ns}/{topic}/meta`` key."""
+    what = "a topic-metadata"
+    namespace, name, leaf = _segments(key, TOPICS_PREFIX, 3, what)
+    if leaf != "meta":
+        raise KeyLayoutError(f"{key!r} is not {what} key: expected it to end in /meta")
+    return _parsed_topic(key, namespace, name, what)
 
 
 def subscriptions_prefix(topic: TopicLike) -> str:
