@@ -34,6 +34,7 @@ that fresh state.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -836,7 +837,7 @@ def effects_text(ready: Ready) -> list[str]:
         if m.kind == "inc":
             labels = ",".join(f"{k}={v}" for k, v in m.labels)
             lines.append(f"metric {m.name}{{{labels}}} +{m.value:g}")
-    lines += [f"note: {line.message}" for line in ready.logs if line.note]
+    lines += [f"{'note' if line.note else 'log'}: {line.message}" for line in ready.logs]
     return lines
 
 
@@ -851,7 +852,15 @@ def _compare_text(c: Compare) -> str:
 def _op_text(op: Put | Delete) -> str:
     if isinstance(op, Delete):
         return f"delete {op.key}"
-    value = op.value
+    return f"put {op.key} {json.dumps(_compact(op.value), sort_keys=True, separators=(',', ':'))}"
+
+
+def _compact(value: Any) -> Any:
+    """A value without its times and nulls (stable across runs, short to read)."""
     if isinstance(value, dict):
-        value = {k: v for k, v in value.items() if k not in ("timestamp", "assigned_at")}
-    return f"put {op.key} {value}"
+        return {
+            k: _compact(v)
+            for k, v in value.items()
+            if v is not None and k not in ("timestamp", "assigned_at", "since")
+        }
+    return value
