@@ -197,7 +197,7 @@ class Runner:
         pending, self.pending = self.pending, []
         out: list[str] = []
         for write in pending:
-            fresh = tuple(_refreshed(self.store.get(k), k) for k in write.keys())
+            fresh = tuple(_refreshed(self.store.get(k), k) for k in write.touched_keys())
             out += self._step(WriteDone(write.id, False, 0, now, fresh))
         return out
 

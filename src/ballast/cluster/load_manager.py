@@ -267,12 +267,16 @@ class LeaderSession:
             log.warning(
                 "%s: %s: outcome unknown (%s); re-reading", self.manager.name, write.what, exc
             )
-            return WriteDone(write.id, False, 0, self.clock.now(), await self._read(write.keys()))
+            return WriteDone(
+                write.id, False, 0, self.clock.now(), await self._read(write.touched_keys())
+            )
         if result.succeeded:
             return WriteDone(write.id, True, result.revision, self.clock.now())
         if not await self.manager.election.verify(self.term):
             raise FenceLost(self.term)
-        return WriteDone(write.id, False, 0, self.clock.now(), await self._read(write.keys()))
+        return WriteDone(
+            write.id, False, 0, self.clock.now(), await self._read(write.touched_keys())
+        )
 
     async def _fenced(self, ops: list[Put]) -> None:
         result = await self.store.txn([self.term.fence], ops)

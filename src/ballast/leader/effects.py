@@ -79,7 +79,7 @@ class Write:
     ops: tuple[Put | Delete, ...]
     what: str
 
-    def keys(self) -> tuple[str, ...]:
+    def touched_keys(self) -> tuple[str, ...]:
         """The keys to read again if the write fails (written, then compared)."""
         return tuple(dict.fromkeys([*(op.key for op in self.ops), *(c.key for c in self.compares)]))
 

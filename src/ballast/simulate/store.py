@@ -120,7 +120,7 @@ def drive(
                 outcome = WriteDone(write.id, True, result.revision, now)
             else:
                 fresh = []
-                for key in write.keys():
+                for key in write.touched_keys():
                     kv = store.get(key)
                     if kv is None:
                         fresh.append(Refreshed(key, present=False))
