@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ballast.leader import LeaderMachine, Ready, Refreshed, WriteDone
+from ballast.leader import Event, LeaderMachine, Ready, Refreshed, WriteDone
 from ballast.metadata import Compare, Delete, KeyValue, Listing, Put, TxnResult, WatchEvent
 
 
@@ -103,9 +103,11 @@ def drive(
     *,
     fence: Iterable[Compare] = (),
     on_ready: Callable[[Ready], None] | None = None,
+    inputs: list[Event] | None = None,
 ) -> list[Ready]:
     """Perform `ready`'s writes on `store` and feed their outcomes back until the machine
-    asks for nothing more; return every `Ready` (the first one included), in order."""
+    asks for nothing more; return every `Ready` (the first one included), in order. Each
+    outcome fed to the machine is appended to `inputs` (a record for replays)."""
     fence = tuple(fence)
     done: list[Ready] = []
     queue = [ready]
@@ -127,5 +129,7 @@ def drive(
                     else:
                         fresh.append(Refreshed(key, kv.value, kv.mod_revision))
                 outcome = WriteDone(write.id, False, 0, now, tuple(fresh))
+            if inputs is not None:
+                inputs.append(outcome)
             queue.append(machine.step(outcome))
     return done
