@@ -166,7 +166,7 @@ class BrokerNode(Service):
         while True:
             lease = self.lease
             if lease is not None:
-                await keep_alive(lease, self.clock, self.name)
+                await keep_alive(lease, self.name)
             # Lost: the leader may already be reassigning our topics; stop serving them now.
             self.registered.clear()
             self.lease = None

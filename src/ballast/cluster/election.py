@@ -188,9 +188,7 @@ class LeaderElection(Service):
     async def _hold(self, term: Term, lease: Lease) -> None:
         """Lead until the lease is lost or the key changes (then return)."""
         async with asyncio.TaskGroup() as group:
-            alive = group.create_task(
-                keep_alive(lease, self.clock, self.name), name=f"{self.name}/lease"
-            )
+            alive = group.create_task(keep_alive(lease, self.name), name=f"{self.name}/lease")
             watch = group.create_task(self._watch_own_key(term), name=f"{self.name}/watch")
             ended = group.create_task(term.ended.wait(), name=f"{self.name}/ended")
             await asyncio.wait({alive, watch, ended}, return_when=asyncio.FIRST_COMPLETED)
