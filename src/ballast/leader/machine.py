@@ -87,6 +87,10 @@ from ballast.model import (
 # distinct target) and 3 ops. 40 / 25 topics keep every branch below the limit.
 TOPICS_PER_TXN = 40
 PLACEMENTS_PER_TXN = 25
+# A round fails over at most this many topics of one dead broker (the rest next round, so
+# one step never blocks the shell's event loop for long; each round levels the survivors
+# as they are then, so the result is levelled all the same).
+FAILOVER_TOPICS_PER_ROUND = 400
 MAX_TXN_OPS = 128
 # A marker whose topic metadata has not been seen waits this long for the ``/topics/``
 # watch to catch up before the leader tries to drop it (the drop is guarded anyway).
@@ -146,6 +150,7 @@ class LeaderMachine:
         self._opaque_topics: set[str] = set()  # metadata present but undecodable
         self._topics_revision = 0  # how far the ``/topics/`` stream has been seen
         self._meta_wait: dict[str, float] = {}  # topic -> since when its marker waits
+        self._ownership_check: set[str] = set()  # topics whose records changed
         self._smoothed: dict[BrokerId, LoadReport] = {}
         # Estimated reports after our own moves (the core's `apply_move`), kept until a
         # broker's real report shows the move: {broker: (report, {topic: present}, since)}.
@@ -202,6 +207,7 @@ class LeaderMachine:
             f"{len(self.view.owners)} assigned topics, {len(self.view.markers)} markers, "
             f"{len(self.history.moves)} moves in history"
         )
+        self._ownership_check = set(self.view.owners) | set(self.view.owner_records)
         self.bootstrapped = True
         self._dirty = True
         self._reports_dirty = True
@@ -246,6 +252,8 @@ class LeaderMachine:
             RecordKind.OWNER,
         ):
             self._dirty = True
+            if change.kind in (RecordKind.ASSIGNMENT, RecordKind.OWNER) and change.topic:
+                self._ownership_check.add(change.topic)
             if change.kind in (RecordKind.REGISTRATION, RecordKind.STATE):
                 self._reports_dirty = True
         elif change.kind is RecordKind.HISTORY:
@@ -318,6 +326,8 @@ class LeaderMachine:
                 self.view.apply("put", fresh.key, fresh.value, fresh.mod_revision)
                 if kind is RecordKind.TOPIC and topic is not None:
                     self._opaque_topics.discard(topic)
+            if kind in (RecordKind.ASSIGNMENT, RecordKind.OWNER) and topic is not None:
+                self._ownership_check.add(topic)
         except BadRecord as bad:
             self._rejected(bad, out)
 
@@ -436,9 +446,10 @@ class LeaderMachine:
 
     def _failover(self, dead: BrokerId, now: float, out: Collector) -> None:
         """Reassign a dead broker's topics to the survivors, levelled by the core."""
-        owned = dict(self.view.topics_of(dead))
-        if not owned:
+        everything = self.view.topics_of(dead)
+        if not everything:
             return
+        owned = {t: everything[t] for t in sorted(everything)[:FAILOVER_TOPICS_PER_ROUND]}
         snap = self.snapshot(pending=True)
         report = self.view.reports.get(dead)
         snap = replace(
@@ -485,11 +496,13 @@ class LeaderMachine:
                 moved.append((topic, target))
             compares += [Compare.present(keys.register(t)) for t in sorted(chunk_targets)]
             self._write(out, compares, ops, f"failover of {dead}", "failover", (dead, tuple(moved)))
+        left = len(everything) - len(owned)
         out.note(
             f"[failover] {dead} is gone: {len(topics)} topic(s) handed to "
-            f"{len(targets)} survivor(s)"
+            f"{len(targets)} survivor(s)" + (f", {left} more next round" if left else "")
         )
-        out.metric("failovers")
+        if not left:
+            out.metric("failovers")
 
     def _release_seals(self, now: float, out: Collector) -> None:
         """Markers waiting for a seal: released when the source is gone, forced when it has
@@ -567,42 +580,41 @@ class LeaderMachine:
         )
 
     def _repair_ownership(self, now: float, out: Collector) -> None:
-        """Ownership records out of step with assignments (written by older tools)."""
+        """Ownership records out of step with assignments (written by older tools).
+
+        Only topics whose assignment or record changed since the last round are checked.
+        """
         view = self.view
-        writes = 0
-        for topic, owners in sorted(view.owners.items()):
-            if topic in view.owner_records or len(owners) != 1:
-                continue
-            ((broker, revision),) = owners.items()
-            self._write(
-                out,
-                [
-                    Compare.absent(keys.topic_owner(topic)),
-                    Compare.mod_revision_equals(keys.broker_assignment(broker, topic), revision),
-                ],
-                [Put(keys.topic_owner(topic), owner_value(broker))],
-                f"record the owner of {topic}",
-                "ownership",
-            )
-            writes += 1
-            if writes >= TOPICS_PER_TXN:
-                return
-        for topic, (broker, revision) in sorted(view.owner_records.items()):
-            if broker in view.owners.get(topic, {}):
-                continue
-            self._write(
-                out,
-                [
-                    Compare.mod_revision_equals(keys.topic_owner(topic), revision),
-                    Compare.absent(keys.broker_assignment(broker, topic)),
-                ],
-                [Delete(keys.topic_owner(topic))],
-                f"remove the stale owner record of {topic}",
-                "ownership",
-            )
-            writes += 1
-            if writes >= TOPICS_PER_TXN:
-                return
+        check, self._ownership_check = self._ownership_check, set()
+        for topic in sorted(check):
+            owners = view.owners.get(topic, {})
+            record = view.owner_records.get(topic)
+            if record is None and len(owners) == 1:
+                ((broker, revision),) = owners.items()
+                self._write(
+                    out,
+                    [
+                        Compare.absent(keys.topic_owner(topic)),
+                        Compare.mod_revision_equals(
+                            keys.broker_assignment(broker, topic), revision
+                        ),
+                    ],
+                    [Put(keys.topic_owner(topic), owner_value(broker))],
+                    f"record the owner of {topic}",
+                    "ownership",
+                )
+            elif record is not None and record[0] not in owners:
+                broker, revision = record
+                self._write(
+                    out,
+                    [
+                        Compare.mod_revision_equals(keys.topic_owner(topic), revision),
+                        Compare.absent(keys.broker_assignment(broker, topic)),
+                    ],
+                    [Delete(keys.topic_owner(topic))],
+                    f"remove the stale owner record of {topic}",
+                    "ownership",
+                )
 
     def _assign(self, now: float, out: Collector) -> None:
         """Place every ready marker: a few topics per transaction (assignment, ownership
