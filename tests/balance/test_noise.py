@@ -5,10 +5,17 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ballast.balance import MoveHistory, decide_rebalance, plan_failover
+from ballast.balance import (
+    MoveHistory,
+    decide_rebalance,
+    place_topics,
+    plan_failover,
+    select_broker,
+)
+from ballast.balance.estimate import add_topic
 from ballast.balance.smoothing import smooth_report
 from ballast.config import RebalancingConfig, Strategy, parse_config
-from ballast.model import ClusterSnapshot, LoadReport, TopicLoad
+from ballast.model import ClusterSnapshot, LoadReport, TopicLoad, UnassignedMarker
 from tests.balance.test_properties import STRATEGIES, snapshots
 
 
@@ -101,3 +108,25 @@ def test_failover_levels_out_the_survivors() -> None:
         final[placement.broker] += 1
     assert sum(final.values()) == 250
     assert max(final.values()) - min(final.values()) <= 1, final
+
+
+@settings(max_examples=100, deadline=None)
+@given(snapshots(), STRATEGIES, st.data())
+def test_bulk_placement_chooses_what_one_by_one_selection_chooses(
+    snap: ClusterSnapshot, strategy: Strategy, data: st.DataObject
+) -> None:
+    """`place_topics` updates metric columns in place; the choices are `select_broker`'s."""
+    n = data.draw(st.integers(1, 12))
+    sources = data.draw(st.lists(st.sampled_from((None, *snap.brokers)), min_size=n, max_size=n))
+    topics = [
+        (f"/default/new-{i}", None if s is None else UnassignedMarker(from_broker=s))
+        for i, s in enumerate(sources)
+    ]
+    plan = place_topics(snap, strategy, topics)
+    reference, last = snap, None
+    for (topic, marker), (_, placed) in zip(topics, plan.placements, strict=True):
+        expected = select_broker(reference, strategy, marker, last)
+        assert placed.broker == expected.broker
+        if expected.broker is not None:
+            reference = add_topic(reference, topic, expected.broker)
+            last = expected.broker

@@ -8,10 +8,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ballast.balance.estimate import add_topic, remove_broker, topic_weight
-from ballast.balance.rankings import score_brokers
+from ballast.balance.rankings import broker_metrics, score_brokers, scores_from_metrics
 from ballast.config import Strategy
-from ballast.model import BrokerId, ClusterSnapshot, MarkerReason, UnassignedMarker
+from ballast.model import BrokerId, ClusterSnapshot, MarkerReason, TopicLoad, UnassignedMarker
 
 ROUND_ROBIN_BAND = 0.10  # brokers within 10 % of the minimum score share new topics
 
@@ -101,6 +103,76 @@ class PlacementPlan:
     last_chosen: BrokerId | None
 
 
+class _BulkPlacer:
+    """`select_broker` for many topics in a row, in O(brokers) numpy per topic.
+
+    The filters are computed once and the metric columns are updated in place after each
+    placement (exactly what `add_topic` adds), so the scores are the strategy's own formula
+    on the same numbers, without rebuilding the snapshot's metrics for every topic. A
+    placement that finds no broker falls back to `select_broker` for its full explanation;
+    a successful one carries its reason and candidates (per-broker rejections are left to
+    `select_broker`, which `ballast admin topics describe` uses).
+    """
+
+    def __init__(self, snapshot: ClusterSnapshot, strategy: Strategy, band: float) -> None:
+        self.strategy = strategy
+        self.band = band
+        self.metrics = broker_metrics(snapshot)
+        self.brokers = snapshot.brokers
+        self.index = {b: i for i, b in enumerate(self.brokers)}
+        self.active = np.array([snapshot.state(b).is_active for b in self.brokers], dtype=bool)
+        self.scores = scores_from_metrics(self.metrics, strategy)
+
+    def select(
+        self,
+        snapshot: ClusterSnapshot,
+        marker: UnassignedMarker | None,
+        last_chosen: BrokerId | None,
+    ) -> Placement:
+        allowed = self.active.copy()
+        source = marker.from_broker if marker is not None else None
+        if source in self.index:
+            allowed[self.index[source]] = False
+        if not allowed.any():
+            return select_broker(snapshot, self.strategy, marker, last_chosen, band=self.band)
+        hint = marker.to_broker if marker is not None else None
+        if hint is not None:
+            i = self.index.get(hint)
+            if i is not None and allowed[i]:
+                return Placement(hint, f"[hint] to_broker {hint} honoured")
+        lowest = float(self.scores[allowed].min())
+        ceiling = lowest + self.band * abs(lowest)
+        chosen_mask = allowed & (self.scores <= ceiling)
+        candidates = tuple(sorted(self.brokers[i] for i in np.flatnonzero(chosen_mask)))
+        following = [b for b in candidates if last_chosen is not None and b > last_chosen]
+        chosen = following[0] if following else candidates[0]
+        reason = (
+            f"[round-robin] {chosen} among {len(candidates)} broker(s) within "
+            f"{self.band:.0%} of the minimum score {lowest:.2f}"
+        )
+        return Placement(chosen, reason, candidates)
+
+    def add(
+        self,
+        broker: BrokerId,
+        load: TopicLoad | None = None,
+        resources: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0),
+    ) -> None:
+        """Account for a topic placed on `broker` (as `add_topic` does to the snapshot)."""
+        i = self.index[broker]
+        m = self.metrics
+        m.topic_count[i] += 1
+        if load is not None:
+            m.throughput_mbps[i] += load.throughput_mbps
+            m.connections[i] += load.connections
+            m.backlog[i] += load.backlog
+        m.cpu[i] += resources[0]
+        m.mem[i] += resources[1]
+        m.disk[i] += resources[2]
+        m.net[i] += resources[3]
+        self.scores = scores_from_metrics(m, self.strategy)
+
+
 def place_topics(
     snapshot: ClusterSnapshot,
     strategy: Strategy,
@@ -108,12 +180,14 @@ def place_topics(
     last_chosen: BrokerId | None = None,
 ) -> PlacementPlan:
     """Place a burst of new topics; each placement adds a zero-load placeholder."""
+    placer = _BulkPlacer(snapshot, strategy, ROUND_ROBIN_BAND)
     placements = []
     for topic, marker in topics:
-        placement = select_broker(snapshot, strategy, marker, last_chosen)
+        placement = placer.select(snapshot, marker, last_chosen)
         placements.append((topic, placement))
         if placement.broker is not None:
             snapshot = add_topic(snapshot, topic, placement.broker)
+            placer.add(placement.broker)
             last_chosen = placement.broker
     return PlacementPlan(tuple(placements), snapshot, last_chosen)
 
@@ -136,12 +210,14 @@ def plan_failover(
     survivors, orphans = remove_broker(snapshot, dead)
     orphans.sort(key=lambda o: (-topic_weight(o[1]), o[0]))
     marker = UnassignedMarker(MarkerReason.FAILOVER, from_broker=dead, timestamp=now)
+    placer = _BulkPlacer(survivors, strategy, 0.0)
     placements = []
     for topic, load, resources in orphans:
-        placement = select_broker(survivors, strategy, marker, last_chosen, band=0.0)
+        placement = placer.select(survivors, marker, last_chosen)
         placements.append((topic, placement))
         if placement.broker is not None:
             survivors = add_topic(survivors, topic, placement.broker, load, resources)
+            placer.add(placement.broker, load, resources)
             last_chosen = placement.broker
     return PlacementPlan(tuple(placements), survivors, last_chosen)
 
