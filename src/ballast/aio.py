@@ -87,6 +87,22 @@ class TaskOwner:
             self._tasks.clear()
 
 
+async def first_completed(owner: str, tasks: Mapping[str, Coroutine[Any, Any, Any]]) -> None:
+    """Run named tasks (a `TaskOwner`) until the first one ends, then cancel the others.
+
+    A task that crashes surfaces as the task group's `ExceptionGroup`.
+    """
+    group = TaskOwner(owner)
+    await group.open()
+    try:
+        started = [group.spawn(coro, name) for name, coro in tasks.items()]
+        await asyncio.wait(started, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException as exc:
+        await group.close(type(exc), exc, exc.__traceback__)
+        raise
+    await group.close()
+
+
 class LoopTasks:
     """A `TaskOwner` of named, never-ending loops that is cancelled (and awaited) on exit.
 

@@ -24,6 +24,7 @@ import time
 from collections import deque
 from typing import Any
 
+from ballast.aio import first_completed
 from ballast.balance import Decision, MoveHistory
 from ballast.clock import Clock
 from ballast.cluster.election import FenceLost, LeaderElection, Term
@@ -191,21 +192,16 @@ class LeaderSession:
         await self.perform(self.machine.step(Bootstrap(cluster, topics, self.clock.now())))
         self.ready.set()
         name = self.manager.name
-        async with asyncio.TaskGroup() as group:
-            loops = [
-                group.create_task(
-                    self._watch(keys.CLUSTER_PREFIX, cluster.revision), name=f"{name}/watch"
-                ),
-                group.create_task(
-                    self._watch(keys.TOPICS_PREFIX, topics.revision), name=f"{name}/watch-topics"
-                ),
-                group.create_task(self._tick(), name=f"{name}/tick"),
-                group.create_task(self._step_loop(), name=f"{name}/step"),
-                group.create_task(self.term.ended.wait(), name=f"{name}/term"),
-            ]
-            await asyncio.wait(loops, return_when=asyncio.FIRST_COMPLETED)
-            for task in loops:
-                task.cancel()
+        await first_completed(
+            name,
+            {
+                "watch": self._watch(keys.CLUSTER_PREFIX, cluster.revision),
+                "watch-topics": self._watch(keys.TOPICS_PREFIX, topics.revision),
+                "tick": self._tick(),
+                "step": self._step_loop(),
+                "term": self.term.ended.wait(),
+            },
+        )
 
     async def _watch(self, prefix: str, revision: int) -> None:
         async with watching(self.store, prefix, revision + 1) as watch:

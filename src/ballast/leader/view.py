@@ -112,7 +112,7 @@ def _classify(key: str) -> tuple[RecordKind, BrokerId | None, str | None]:
             keys.parse_history_key(key)
             return RecordKind.HISTORY, None, None
         if key.startswith(keys.TOPICS_PREFIX):
-            if key.endswith("/meta"):
+            if keys.is_topic_meta_key(key):
                 return RecordKind.TOPIC, None, str(parse_topic_meta_key(key))
             return RecordKind.OTHER, None, None  # cursors and other per-topic data
     except ValueError as exc:  # KeyLayoutError and invalid names

@@ -50,6 +50,7 @@ __all__ = [
     "broker_prefix",
     "broker_state",
     "is_broker_state_key",
+    "is_topic_meta_key",
     "load",
     "namespace_topics_prefix",
     "parse_assignment_key",
@@ -304,6 +305,11 @@ def namespace_topics_prefix(namespace: str) -> str:
     except ModelError as exc:
         raise ValueError(f"invalid namespace {namespace!r}: {exc}") from exc
     return f"{TOPICS_PREFIX}{valid}/"
+
+
+def is_topic_meta_key(key: str) -> bool:
+    """Whether `key` has the shape of a topic-metadata key (``/topics/{ns}/{topic}/meta``)."""
+    return key.startswith(TOPICS_PREFIX) and key.endswith("/meta") and key.count("/") == 4
 
 
 def parse_topic_meta_key(key: str) -> TopicName:
