@@ -621,6 +621,8 @@ class LeaderMachine:
         record and marker delete), guarded by one ownership compare per topic."""
         batch: list[tuple[str, int, UnassignedMarker]] = []
         view = self.view
+        for topic in [t for t in self._meta_wait if t not in view.markers]:
+            del self._meta_wait[topic]  # the marker went away by other hands
         for topic, pending in sorted(view.markers.items(), key=lambda e: (e[1].revision, e[0])):
             if not pending.marker.ready:
                 continue
