@@ -368,6 +368,9 @@ class LeaderMachine:
         interval = self.config.load_manager.load_report_interval_seconds
         if shown or now - since > 5 * interval:
             del self._estimates[broker]
+            # The move changed the broker's load for real: readings from before it are
+            # history of another load, so smoothing starts again from this report.
+            self._smoothed[broker] = report
 
     def _forget_report(self, broker: BrokerId) -> None:
         self.view.forget_report(broker)
