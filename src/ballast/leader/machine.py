@@ -501,7 +501,7 @@ class LeaderMachine:
             self._write(out, compares, ops, f"failover of {dead}", "failover", (dead, tuple(moved)))
         left = len(everything) - len(owned)
         out.note(
-            f"[failover] {dead} is gone: {len(topics)} topic(s) handed to "
+            f"[failover] {dead} is gone: reassigning {len(topics)} topic(s) to "
             f"{len(targets)} survivor(s)" + (f", {left} more next round" if left else "")
         )
         if not left:
