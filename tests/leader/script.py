@@ -148,8 +148,10 @@ class Runner:
                 grouped = None
                 continue
             if verb == "error":
-                self.store.revision += 1
-                errors.append(WatchEvent("error", key, None, self.store.revision, "not JSON"))
+                # An undecodable value: the store holds it, the watch reports an error.
+                revision = self.store.put(key, "<not JSON>")
+                self.store.events.pop()
+                errors.append(WatchEvent("error", key, None, revision, f"{key}: not JSON"))
                 continue
             value = json.loads(raw) if raw else None
             if grouped is not None:
