@@ -31,7 +31,9 @@ async def test_simulator_and_a_replay_into_the_live_leader_decide_alike(name: st
     config = BallastConfig(load_manager=scenario.load_manager)
     async with MemoryStore(clock) as store:
         election = LeaderElection(store, clock, LEADER, 10.0)
-        manager = LoadManager(store, clock, config, election, rankings_interval=scenario.step)
+        manager = LoadManager(
+            store, clock, config, election, rankings_interval=scenario.sample_every_seconds
+        )
         session = LeaderSession(manager, Term(LEADER, 1, EPOCH))
         for i, (event, expected) in enumerate(zip(sim.inputs, sim.outputs, strict=True)):
             got = session.machine.step(event)

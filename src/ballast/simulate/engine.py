@@ -113,7 +113,10 @@ class Simulator:
         self.config = BallastConfig(load_manager=scenario.load_manager)
         self.rng = np.random.default_rng(scenario.seed)
         self.store = SimStore()
-        self.machine = LeaderMachine(LEADER, 1, self.config, rankings_interval=scenario.step)
+        # Rankings are posted once per timeline sample: nobody reads them in between.
+        self.machine = LeaderMachine(
+            LEADER, 1, self.config, rankings_interval=scenario.sample_every_seconds
+        )
         self.inputs: list[MachineEvent] = []
         self.outputs: list[Ready] = []
         self.brokers: dict[BrokerId, BrokerSpec] = {}
@@ -213,7 +216,8 @@ class Simulator:
 
     def _publish_reports(self) -> None:
         for broker in sorted(self.brokers):
-            self.store.put(keys.load(broker), self._report(broker).to_dict())
+            # The report object itself: a simulated store has no wire to encode it for.
+            self.store.put(keys.load(broker), self._report(broker))
 
     # --- the brokers' side: serve what is assigned, seal what is taken away -------------
 
