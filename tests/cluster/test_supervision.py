@@ -1,6 +1,7 @@
 """The broker survives what goes wrong around it: failing host calls and a store outage.
 
-Fake clock, MemoryStore: the test plays the leader by writing keys.
+Fake clock, MemoryStore: the test plays the leader by writing keys. The last test runs a
+small cluster on the wall clock: a source that cannot seal is overruled by the leader.
 """
 
 from __future__ import annotations
@@ -9,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from ballast.clock import FakeClock
-from ballast.cluster import BrokerNode, SyntheticHost
+from ballast.clock import FakeClock, SystemClock
+from ballast.cluster import AdminClient, BrokerNode, LocalCluster, SyntheticHost
 from ballast.cluster.records import assignment_value
 from ballast.metadata import MetadataUnavailableError, keys
 from ballast.metadata.memory import MemoryStore
 from ballast.model import Assignment, MarkerReason, UnassignedMarker
-from tests.cluster.helpers import fast_config
+from tests.cluster.helpers import fast_config, wait_settled
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -99,3 +100,33 @@ async def test_failing_host_calls_are_counted_retried_and_the_broker_keeps_servi
             await assign(store, clock, "b1", "/ns/late")
             await clock.advance(0)
             assert "/ns/late" in host.topics and "/ns/good" in host.topics
+
+
+async def test_a_source_that_cannot_seal_is_overruled_after_the_seal_timeout() -> None:
+    """End to end: b1's host fails every unload; the leader forces the move after
+    `seal_timeout_seconds` and the new owner learns why (the forced reason)."""
+    clock = SystemClock()
+    config = fast_config(rebalancing={"enabled": False, "seal_timeout_seconds": 1.0})
+    async with MemoryStore(clock) as store:
+        admin = AdminClient(store, clock, config)
+        async with LocalCluster(store, clock, config) as cluster:
+            for broker in ("b1", "b2"):
+                await cluster.start_broker(broker)
+            await cluster.wait_leader()
+            await admin.create_topic("/ns/stuck", hint="b1")
+            await wait_settled(admin, 1, timeout=10)
+
+            async def cannot_seal(topic: str) -> Any:
+                raise RuntimeError(f"the object store is down: cannot seal {topic}")
+
+            cluster.host("b1").unload = cannot_seal  # type: ignore[method-assign]
+            await admin.unload_topic("/ns/stuck")
+            view = await wait_settled(admin, 1, timeout=10)
+            assert view.owner("/ns/stuck") == "b2"
+            marker = cluster.host("b2").topics["/ns/stuck"]
+            assert marker is not None and marker.forced is not None
+            assert marker.forced.startswith("[seal-timeout] b1 did not seal /ns/stuck")
+            assert errors(cluster.brokers["b1"].node, "unload") == 1
+            leader = cluster.leader()
+            assert leader is not None
+            assert leader.metrics.sample("ballast_rebalancing_forced_moves_total") == 1
