@@ -16,7 +16,7 @@ from ballast.cluster.records import assignment_value
 from ballast.metadata import MetadataUnavailableError, keys
 from ballast.metadata.memory import MemoryStore
 from ballast.model import Assignment, MarkerReason, UnassignedMarker
-from tests.cluster.helpers import fast_config, wait_settled
+from tests.cluster.helpers import fast_config, wait_settled, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -123,6 +123,11 @@ async def test_a_source_that_cannot_seal_is_overruled_after_the_seal_timeout() -
             await admin.unload_topic("/ns/stuck")
             view = await wait_settled(admin, 1, timeout=10)
             assert view.owner("/ns/stuck") == "b2"
+
+            async def loaded() -> bool:
+                return "/ns/stuck" in cluster.host("b2").topics
+
+            await wait_until(loaded, 5, "b2 loads the topic")
             marker = cluster.host("b2").topics["/ns/stuck"]
             assert marker is not None and marker.forced is not None
             assert marker.forced.startswith("[seal-timeout] b1 did not seal /ns/stuck")
