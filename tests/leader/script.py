@@ -4,7 +4,8 @@ effects. ``REWRITE=1 pytest tests/leader`` rewrites the expected outputs in plac
 
 Commands (times are seconds of a fake clock, ``now=``):
 
-- ``config strategy=fair enabled=true ...``: a fresh configuration (rebalancing keys);
+- ``config strategy=fair enabled=true ...``: a fresh configuration (rebalancing keys;
+  ``placement_unit=bundle``; ``pulsar.KEY=VALUE`` for `load_manager.pulsar`);
 - ``bootstrap now=T [leader=b1 term=N]``: input ``put KEY JSON`` lines are stored, then a
   new machine is bootstrapped from the store's listings (also a leader change: the
   persisted state, move history included, is reloaded);
@@ -120,8 +121,10 @@ class Runner:
             parsed = yaml.safe_load(value)
             if key in ("strategy", "assignment_strategy"):
                 lm["assignment_strategy"] = parsed
-            elif key == "load_report_interval_seconds":
+            elif key in ("load_report_interval_seconds", "placement_unit"):
                 lm[key] = parsed
+            elif key.startswith("pulsar."):
+                lm.setdefault("pulsar", {})[key.removeprefix("pulsar.")] = parsed
             else:
                 rebalancing[key] = parsed
         self.config = parse_config({"load_manager": lm})

@@ -244,7 +244,7 @@ def _decide_shedding(
     details = tuple(v.line() for v in res.verdicts) + out.notes
     usage = dict(res.usage) or None
     if not out.moves:
-        if res.unloads and budget == 0:
+        if out.rate_limited:
             return Decision(
                 "rate-limit",
                 f"[{res.shedder.value}] {res.summary}; no move allowed now: {why}",

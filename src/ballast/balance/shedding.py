@@ -152,6 +152,7 @@ class SheddingOutcome:
     after_first: ClusterSnapshot | None
     after_all: ClusterSnapshot
     notes: tuple[str, ...]
+    rate_limited: int = 0  # units the rate limits held back
 
 
 def move_budget(history: MoveHistory, now: float, config: RebalancingConfig) -> tuple[int, str]:
@@ -218,6 +219,7 @@ def shed(
     after_first: ClusterSnapshot | None = None
     last: BrokerId | None = None
     reason = SHEDDER_REASON[config.policy]
+    held = 0
     scores = score_brokers(after, strategy, cfg) if result.unloads else {}
     window = config.return_window_seconds
     for unload in result.unloads:
@@ -225,6 +227,7 @@ def shed(
         if max_moves is not None and len(moves) + len(ts) > max_moves:
             alone = not moves and max_moves >= config.max_moves_per_hour > 0
             if not alone:
+                held += 1
                 notes.append(
                     f"{unload.unit}: [rate-limit] its {len(ts)} topic move(s) exceed what the "
                     f"rate limits allow now ({max_moves - len(moves)} left)"
@@ -235,8 +238,9 @@ def shed(
         placement = select_broker(
             after, strategy, marker, last, scores, topic=ts[0], pulsar=cfg, exclude=exclude
         )
+        ruled_out = "".join(f"; {b}: {why}" for b, why in sorted(exclude.items()))
         if placement.broker is None:
-            notes.append(f"{unload.unit}: no target ({placement.reason})")
+            notes.append(f"{unload.unit}: no target ({placement.reason}{ruled_out})")
             continue
         target = placement.broker
         last = target
@@ -250,8 +254,9 @@ def shed(
         notes.append(
             f"{unload.unit} ({len(ts)} topic(s), {unload.throughput / 1e6:.2f} MB/s, "
             f"{unload.msg_rate:.0f} msg/s): {unload.broker} → {target} {placement.reason}"
+            + ruled_out
         )
-    return SheddingOutcome(result, tuple(moves), after_first, after, tuple(notes))
+    return SheddingOutcome(result, tuple(moves), after_first, after, tuple(notes), held)
 
 
 def _rescored(

@@ -60,6 +60,7 @@ from ballast.balance import (
     plan_failover,
     rank,
 )
+from ballast.balance.bundles import NamespaceBundles
 from ballast.balance.estimate import apply_move
 from ballast.balance.shedding import auto_split, prepare_snapshot
 from ballast.balance.smoothing import smooth_report
@@ -373,8 +374,19 @@ class LeaderMachine:
                 reports[broker] = estimate
         snap = replace(snap, reports=reports)
         if self.by_bundle:
-            snap = prepare_snapshot(snap, self.config.load_manager, self.view.bundles)
+            snap = prepare_snapshot(snap, self.config.load_manager, self._layouts())
         return snap
+
+    def _layouts(self) -> dict[str, NamespaceBundles]:
+        """The stored layouts, and Pulsar's default one for every other namespace the
+        leader knows a topic of (topics being placed included: they own nothing yet)."""
+        layouts = dict(self.view.bundles)
+        n = self.pulsar.default_number_of_namespace_bundles
+        for topic in itertools.chain(self.view.topics, self.view.markers, self.view.owners):
+            ns = topic.split("/", 2)[1]
+            if ns not in layouts:
+                layouts[ns] = NamespaceBundles.create(ns, n)
+        return layouts
 
     def _estimate(self, after: ClusterSnapshot, move: Move, now: float) -> None:
         for broker, present in ((move.from_broker, False), (move.to_broker, True)):
@@ -844,7 +856,7 @@ class LeaderMachine:
         moves = decision.moves or ((decision.move,) if decision.move is not None else ())
         if not moves:
             if decision.rule != self._last_rule:
-                out.note(decision.explanation)
+                out.note(decision.explain())
             self._last_rule = decision.rule
             return
         self._last_rule = decision.rule
@@ -890,7 +902,7 @@ class LeaderMachine:
                 ops,
                 f"move {first}" + (f" (+{len(chunk) - 1})" if len(chunk) > 1 else ""),
                 "move",
-                (tuple(m for m, _ in chunk), after, None if start else decision.explanation),
+                (tuple(m for m, _ in chunk), after, None if start else decision.explain()),
             )
 
     # -- success bookkeeping -------------------------------------------------------------
