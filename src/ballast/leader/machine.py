@@ -283,6 +283,8 @@ class LeaderMachine:
             if change.topic is not None:
                 self._opaque_topics.discard(change.topic)
             self._dirty = True
+        elif change.kind is RecordKind.BUNDLES:
+            self._dirty = True  # markers waiting are placed by the new layout
 
     def _on_report(self, broker: BrokerId, now: float, out: Collector) -> None:
         report = self.view.reports[broker]

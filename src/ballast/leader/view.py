@@ -52,6 +52,7 @@ class RecordKind(StrEnum):
     LOAD_BALANCE = "load_balance"
     HISTORY = "history"
     TOPIC = "topic_meta"
+    BUNDLES = "bundles"
     OTHER = "other"
 
 
@@ -113,6 +114,9 @@ def _classify(key: str) -> tuple[RecordKind, BrokerId | None, str | None]:
         if key.startswith(keys.HISTORY_PREFIX):
             keys.parse_history_key(key)
             return RecordKind.HISTORY, None, None
+        if key.startswith(keys.BUNDLES_PREFIX):
+            keys.parse_bundles_key(key)
+            return RecordKind.BUNDLES, None, None
         if key.startswith(keys.TOPICS_PREFIX):
             if keys.is_topic_meta_key(key):
                 return RecordKind.TOPIC, None, str(parse_topic_meta_key(key))
@@ -255,7 +259,7 @@ class ClusterView:
                 self.topics.pop(topic, None)
             else:
                 self.topics[topic] = TopicMeta.from_dict(value)
-        elif record is RecordKind.OTHER:
+        elif record in (RecordKind.BUNDLES, RecordKind.OTHER):
             self._apply_pulsar(key, deleted, value)
 
     def _apply_pulsar(self, key: str, deleted: bool, value: Any) -> None:
