@@ -318,7 +318,7 @@ class Simulator:
             Sample(
                 t=self.now - EPOCH,
                 cv=measure(scores).cv,
-                moves=len(self.result.moves),
+                moves=len(self.machine.history.moves),
                 scores=scores,
                 topics={b: len(self.assignments[b]) for b in sorted(self.brokers)},
                 rule=rule,
@@ -344,11 +344,11 @@ class Simulator:
         next_sample = EPOCH
         rule = "start"
         while self.now <= end:
+            checks = self._checks  # a check may come with the reports' watch events too
             while events and EPOCH + events[0].at <= self.now:
                 self._apply(events.pop(0))
             self._publish_reports()
             self._pump()
-            checks = self._checks
             self._pump(Tick(self.now))
             if self._checks > checks:
                 decision = self.machine.last_decision
