@@ -966,7 +966,7 @@ class LeaderMachine:
     def balance(self, out: Collector | None = None) -> dict[str, Any]:
         """Rankings and balance statistics of the current view."""
         snapshot = self.snapshot()
-        rankings = rank(snapshot, self.strategy)
+        rankings = rank(snapshot, self.strategy, self.pulsar)
         active = set(snapshot.active_brokers())
         stats = measure({b: s for b, s in rankings.entries if b in active})
         if out is not None:
