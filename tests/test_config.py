@@ -90,3 +90,13 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
     bad.write_text("load_manager: [unclosed\n")
     with pytest.raises(ConfigError, match="malformed YAML"):
         load_config(bad)
+
+
+def test_noise_and_seal_timeout_fields_have_defaults_and_bounds() -> None:
+    r = parse_config({}).load_manager.rebalancing
+    assert (r.seal_timeout_seconds, r.return_window_seconds) == (30, 3600)
+    assert (r.min_imbalance, r.smoothing_weight) == (2.0, 0.9)
+    with pytest.raises(ConfigError, match="smoothing_weight"):
+        parse_config({"load_manager": {"rebalancing": {"smoothing_weight": 1.0}}})
+    with pytest.raises(ConfigError, match="seal_timeout_seconds"):
+        parse_config({"load_manager": {"rebalancing": {"seal_timeout_seconds": 0}}})

@@ -34,22 +34,90 @@ async def tick(clock: Clock, seconds: float, wake: asyncio.Event) -> None:
         wake.set()
 
 
+class TaskOwner:
+    """The one way a component owns asyncio tasks: a task group of named tasks.
+
+    `open()` starts the group, `spawn(coro, name)` starts a task named ``"<owner>/<name>"``,
+    `close()` cancels every task and waits for them, re-raising a crash as the task group's
+    `ExceptionGroup` (a crashed task is never silently gone). Services (`cluster.service`),
+    periodic loops (`LoopTasks`) and `LocalCluster` all own their tasks through it.
+    """
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self._group: asyncio.TaskGroup | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    @property
+    def running(self) -> bool:
+        return self._group is not None
+
+    async def open(self) -> None:
+        self._group = asyncio.TaskGroup()
+        await self._group.__aenter__()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Start one named task in the group."""
+        if self._group is None:
+            coro.close()
+            raise RuntimeError(f"{self.owner}: spawn() before open() or after close()")
+        full = f"{self.owner}/{name}" if self.owner else name
+        task = self._group.create_task(coro, name=full)
+        self._tasks.append(task)
+        return task
+
+    async def close(
+        self,
+        exc_type: type[BaseException] | None = None,
+        exc: BaseException | None = None,
+        tb: TracebackType | None = None,
+        *,
+        cancel: bool = True,
+    ) -> None:
+        """Cancel the tasks (unless `cancel` is False: then wait for them to end) and wait,
+        passing on the owner's exit exception."""
+        if cancel:
+            for task in self._tasks:
+                task.cancel()
+        group, self._group = self._group, None
+        try:
+            if group is not None:
+                await group.__aexit__(exc_type, exc, tb)
+        finally:
+            self._tasks.clear()
+
+
+async def first_completed(owner: str, tasks: Mapping[str, Coroutine[Any, Any, Any]]) -> None:
+    """Run named tasks (a `TaskOwner`) until the first one ends, then cancel the others.
+
+    A task that crashes surfaces as the task group's `ExceptionGroup`.
+    """
+    group = TaskOwner(owner)
+    await group.open()
+    try:
+        started = [group.spawn(coro, name) for name, coro in tasks.items()]
+        await asyncio.wait(started, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException as exc:
+        await group.close(type(exc), exc, exc.__traceback__)
+        raise
+    await group.close()
+
+
 class LoopTasks:
-    """A task group of named, never-ending loops that is cancelled (and awaited) on exit.
+    """A `TaskOwner` of named, never-ending loops that is cancelled (and awaited) on exit.
 
     The loops sleep on an injected clock that may never move again, so stopping cancels
     them; a loop that crashed surfaces as the task group's ExceptionGroup.
     """
 
     def __init__(self) -> None:
-        self._group: asyncio.TaskGroup | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._owner = TaskOwner("")  # the loops' names are used as given
 
     async def start(self, loops: Mapping[str, Coroutine[Any, Any, None]]) -> None:
         """Start every loop under its name."""
-        self._group = asyncio.TaskGroup()
-        await self._group.__aenter__()
-        self._tasks = [self._group.create_task(c, name=name) for name, c in loops.items()]
+        await self._owner.open()
+        for name, coro in loops.items():
+            self._owner.spawn(coro, name)
 
     async def stop(
         self,
@@ -58,8 +126,4 @@ class LoopTasks:
         tb: TracebackType | None = None,
     ) -> None:
         """Cancel the loops and wait for them, passing on the owner's exit exception."""
-        for task in self._tasks:
-            task.cancel()
-        group, self._group = self._group, None
-        if group is not None:
-            await group.__aexit__(exc_type, exc, tb)
+        await self._owner.close(exc_type, exc, tb)

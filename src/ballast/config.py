@@ -111,6 +111,19 @@ class RebalancingConfig(_Strict):
     # Pulsar (issue 12): `danube` (the CV rule above) or one of Pulsar's shedders, whose
     # settings are `load_manager.pulsar`.
     policy: PolicyField = RebalancingPolicy.DANUBE
+    # Ballast additions against noise and stuck moves (README "Rebalancing"):
+    # - a source that has not sealed a moving topic after this many seconds is overruled:
+    #   the leader proceeds and records the move as forced (the storage engine's fenced
+    #   claim makes a late seal harmless);
+    seal_timeout_seconds: float = Field(30, gt=0)
+    # - a topic never moves back to the broker it left within this window;
+    return_window_seconds: float = Field(3600, ge=0)
+    # - no move while the spread of the active brokers' scores (max - min) is below this
+    #   absolute floor (score units: topics for fair, points for balanced/weighted_load);
+    min_imbalance: float = Field(2.0, ge=0)
+    # - resource readings (cpu, memory, disk, network) are smoothed by an exponentially
+    #   weighted average seeded with the first sample: u = w * u_prev + (1 - w) * sample.
+    smoothing_weight: float = Field(0.9, ge=0, lt=1)
 
     @model_validator(mode="before")
     @classmethod

@@ -122,6 +122,13 @@ def _count(data: Mapping[str, Any], name: str, ctx: str, default: Any = ...) -> 
     return value
 
 
+def _optional_text(data: Mapping[str, Any], name: str, ctx: str) -> str | None:
+    value = data.get(name) if isinstance(data, Mapping) else None
+    if value is not None and not isinstance(value, str):
+        raise ModelError(f"{ctx}.{name}: expected a string or null, got {value!r}")
+    return value
+
+
 def _optional_broker(data: Mapping[str, Any], name: str, ctx: str) -> BrokerId | None:
     value = _field(data, name, ctx, None)
     return None if value is None else validate_broker_id(value, f"{ctx}.{name}")
@@ -325,7 +332,8 @@ class UnassignedMarker:
     """A topic waiting for an owner, at `/cluster/unassigned/{ns}/{topic}`.
 
     `ready: false` means the previous owner is still sealing: the leader must not assign
-    the topic until the source sets it to true (every Ballast move is graceful).
+    the topic until the source sets it to true (every Ballast move is graceful), or until
+    the seal timeout overrules it: then `forced` says why (an additive field).
     """
 
     reason: MarkerReason = MarkerReason.NEW
@@ -333,15 +341,19 @@ class UnassignedMarker:
     to_broker: BrokerId | None = None
     timestamp: float = 0.0
     ready: bool = True
+    forced: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "reason": self.reason.value,
             "from_broker": self.from_broker,
             "to_broker": self.to_broker,
             "timestamp": self.timestamp,
             "ready": self.ready,
         }
+        if self.forced is not None:
+            data["forced"] = self.forced
+        return data
 
     @classmethod
     def from_dict(cls, data: Any, ctx: str = "marker") -> UnassignedMarker:
@@ -354,6 +366,7 @@ class UnassignedMarker:
             to_broker=_optional_broker(data, "to_broker", ctx),
             timestamp=_number(data, "timestamp", ctx, 0.0),
             ready=_bool(data, "ready", ctx, True),
+            forced=_optional_text(data, "forced", ctx),
         )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -224,3 +226,63 @@ def test_auto_split_splits_a_hot_bundle_and_unloads_its_topics() -> None:
     }
     quiet = auto_split(snap, PulsarConfig(auto_unload_split_bundles_enabled=False))
     assert quiet.unload == () and quiet.layouts == out.layouts
+
+
+def test_shedders_never_return_a_topic_to_the_broker_it_left_within_the_window() -> None:
+    snap = cluster({"a": (90.0, [30, 20, 10, 5]), "b": (20.0, [5]), "c": (20.0, [5])})
+    d = decide_rebalance(snap, MoveHistory(), NOW, rules("threshold"), Strategy.FAIR)
+    assert [(m.topic, m.to_broker) for m in d.moves] == [("/default/a-00", "b")]
+    # a-00 came from b 31 minutes ago: past the grace period, inside the return window.
+    history = MoveHistory.of([Move("/default/a-00", "b", "a", timestamp=NOW - 31 * 60)])
+    d = decide_rebalance(snap, history, NOW, rules("threshold"), Strategy.FAIR)
+    assert [(m.topic, m.to_broker) for m in d.moves] == [("/default/a-00", "c")]
+    assert any("b: [return-window] /default/a-00 left b" in x for x in d.details), d.details
+    # Both targets ruled out: the unit stays, and the decision says why.
+    history = MoveHistory.of(
+        [
+            Move("/default/a-00", "b", "a", timestamp=NOW - 50 * 60),
+            Move("/default/a-00", "c", "b", timestamp=NOW - 40 * 60),
+            Move("/default/a-00", "b", "a", timestamp=NOW - 31 * 60),
+        ]
+    )
+    d = decide_rebalance(snap, history, NOW, rules("threshold"), Strategy.FAIR)
+    assert d.moves == () and d.rule == "no-shedding"
+    assert any("/default/a-00: no target" in x for x in d.details), d.details
+    window = RebalancingConfig(
+        enabled=True, policy=RebalancingPolicy.THRESHOLD, return_window_seconds=30 * 60
+    )
+    d = decide_rebalance(snap, history, NOW, window, Strategy.FAIR)
+    assert [m.topic for m in d.moves] == ["/default/a-00"]
+
+
+def test_shedders_move_within_the_rate_limits_and_never_split_a_unit() -> None:
+    snap = cluster({"a": (90.0, [30, 20, 10, 5]), "b": (20.0, [5]), "c": (10.0, [5])})
+    grace = MoveHistory.of([Move("/default/a-00", "x", "a", timestamp=NOW - 29 * 60)])
+    one = RebalancingConfig(enabled=True, policy=RebalancingPolicy.THRESHOLD, max_moves_per_hour=2)
+    d = decide_rebalance(snap, grace, NOW, one, Strategy.FAIR)
+    assert [m.topic for m in d.moves] == ["/default/a-01"]  # 1 move left in the hour
+    assert any("/default/a-02: [rate-limit]" in x for x in d.details), d.details
+    full = MoveHistory.of([*grace.moves, Move("/default/b-00", "x", "b", timestamp=NOW - 10 * 60)])
+    d = decide_rebalance(snap, full, NOW, one, Strategy.FAIR)
+    assert d.rule == "rate-limit" and d.moves == ()
+    assert "2 moves in the last hour (max 2)" in d.reason
+    assert d.shedder_state is not None  # the shedder ran: its smoothing goes on
+
+
+def test_a_bundle_larger_than_the_hourly_cap_moves_alone_in_an_empty_hour() -> None:
+    # a's bundle 0x00000000_0x80000000 holds a-00, a-01, a-04, a-05 (65 MB/s); the other
+    # one a-02, a-03 (2 MB/s). OverloadShedder sheds the heavy bundle: 4 moves, cap 2.
+    snap = cluster({"a": (90.0, [30, 20, 1, 1, 10, 5]), "b": (20.0, [5]), "c": (10.0, [5])})
+    layout = NamespaceBundles.create("default", 2)
+    snap = replace(snap, bundle_boundaries={"default": layout.boundaries})
+    two = RebalancingConfig(enabled=True, policy=RebalancingPolicy.OVERLOAD, max_moves_per_hour=2)
+    d = decide_rebalance(snap, MoveHistory(), NOW, two, Strategy.FAIR)
+    assert d.rule == "move", d.explain()
+    assert sorted(m.topic for m in d.moves) == [f"/default/a-0{i}" for i in (0, 1, 4, 5)]
+    assert len({m.to_broker for m in d.moves}) == 1
+    # One move already in the hour: the bundle waits whole (never split across the limit).
+    history = MoveHistory.of([Move("/default/x-00", "b", "c", timestamp=NOW - 10 * 60)])
+    d = decide_rebalance(snap, history, NOW, two, Strategy.FAIR)
+    assert d.moves == () and d.rule == "rate-limit"
+    assert "1 moves in the last hour (max 2)" in d.reason
+    assert any("[rate-limit]" in x for x in d.details), d.details

@@ -75,7 +75,7 @@ def test_blacklisted_and_young_topics_never_move_and_reason_says_why() -> None:
 def test_no_regret_rule_refuses_a_move_that_does_not_help() -> None:
     # a: 1 topic, b: 0 topics → moving it just swaps the imbalance.
     snap = ClusterSnapshot(("a", "b"), assignments={"a": ("/default/only",), "b": ()})
-    d = decide_rebalance(snap, MoveHistory(), 0, cfg(), Strategy.FAIR)
+    d = decide_rebalance(snap, MoveHistory(), 0, cfg(min_imbalance=0), Strategy.FAIR)
     assert d.move is None and "[no-regret]" in d.reason
 
 

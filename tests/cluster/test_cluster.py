@@ -1,7 +1,12 @@
-"""The control plane end to end, in one process, on MemoryStore and on a real etcd.
+"""The control plane end to end, in one process, on the wall clock.
 
 Real brokers, election and load manager over a real store; hosts are synthetic and record
-what the brokers asked of them.
+what the brokers asked of them. The leader's policy itself is tested without a clock or a
+store by the scripted scenarios of `tests/leader/testdata` (hints, unload, drain, moves,
+failover, failed writes, seal timeout, leader change, resync) and by the simulator's
+replay test; what stays here is what only a running cluster shows: the brokers, the
+election and the store working together, each test on one store (the invariant and
+failover tests on a real etcd).
 """
 
 from __future__ import annotations
@@ -10,7 +15,6 @@ from collections import Counter
 
 import pytest
 
-from ballast.balance import measure
 from ballast.clock import SystemClock
 from ballast.cluster import AdminClient, LocalCluster
 from ballast.metadata import MetadataStore, keys
@@ -23,6 +27,7 @@ from tests.cluster.helpers import (
     hosts_match,
     is_drained,
     replay,
+    settled,
     wait_settled,
     wait_until,
 )
@@ -36,17 +41,18 @@ async def start(cluster: LocalCluster, *brokers: str) -> None:
     await cluster.wait_leader()
 
 
+@pytest.mark.parametrize("store", ["etcd"], indirect=True)
 async def test_topic_burst_spreads_evenly_with_fair(store: MetadataStore) -> None:
     clock = SystemClock()
     config = fast_config()
     admin = AdminClient(store, clock, config)
     async with LocalCluster(store, clock, config) as cluster:
         await start(cluster, "b1", "b2", "b3")
-        created = await admin.create_topics(f"/burst/t{i:04d}" for i in range(1000))
-        assert created == 1000
-        view = await wait_settled(admin, 1000, timeout=30)
+        created = await admin.create_topics(f"/burst/t{i:04d}" for i in range(400))
+        assert created == 400
+        view = await wait_settled(admin, 400, timeout=30)
         placed = counts(view)
-        assert sum(placed.values()) == 1000
+        assert sum(placed.values()) == 400
         assert max(placed.values()) <= 1.1 * min(placed.values()), placed
         await wait_until(
             lambda: hosts_match(cluster, admin),
@@ -56,46 +62,7 @@ async def test_topic_burst_spreads_evenly_with_fair(store: MetadataStore) -> Non
         )
 
 
-async def test_hint_is_honoured_and_unknown_hint_is_counted(store: MetadataStore) -> None:
-    clock = SystemClock()
-    config = fast_config()
-    admin = AdminClient(store, clock, config)
-    async with LocalCluster(store, clock, config) as cluster:
-        await start(cluster, "b1", "b2", "b3")
-        await admin.create_topics(f"/load/t{i}" for i in range(9))
-        await wait_settled(admin, 9, timeout=20)
-        # b2 is not the least loaded after this burst of hints, yet gets every hinted topic.
-        for i in range(5):
-            await admin.create_topic(f"/hinted/h{i}", hint="b2")
-        view = await wait_settled(admin, 14, timeout=20)
-        assert all(view.owner(f"/hinted/h{i}") == "b2" for i in range(5))
-        await admin.create_topic("/hinted/ghost", hint="no-such-broker")
-        view = await wait_settled(admin, 15, timeout=20)
-        assert view.owner("/hinted/ghost") in {"b1", "b3"}  # the least loaded, not b2
-        leader = cluster.leader()
-        assert leader is not None
-        assert leader.metrics.rejected_count("unknown_broker") == 1
-
-
-async def test_unload_excludes_the_source_and_seals_first(store: MetadataStore) -> None:
-    clock = SystemClock()
-    config = fast_config()
-    admin = AdminClient(store, clock, config)
-    async with LocalCluster(store, clock, config) as cluster:
-        await start(cluster, "b1", "b2", "b3")
-        await admin.create_topics(f"/u/t{i}" for i in range(12))
-        view = await wait_settled(admin, 12, timeout=20)
-        before = {t: view.owner(t) for t in view.owners}
-        for topic, owner in sorted(before.items()):
-            assert await admin.unload_topic(topic) == owner
-        view = await wait_settled(admin, 12, timeout=20)
-        for topic, owner in before.items():
-            assert view.owner(topic) not in (None, owner), topic
-            # The source unloaded (sealed) the topic before the target loaded it.
-            assert ("unload", topic) in cluster.host(owner).events
-        await wait_until(lambda: hosts_match(cluster, admin), 10, "hosts serve their topics")
-
-
+@pytest.mark.parametrize("store", ["memory"], indirect=True)
 async def test_drain_moves_everything_then_marks_drained(store: MetadataStore) -> None:
     clock = SystemClock()
     config = fast_config()
@@ -123,49 +90,7 @@ async def test_drain_moves_everything_then_marks_drained(store: MetadataStore) -
         assert view.owner("/d/after-activate") == "b2"
 
 
-async def test_scale_out_converges_like_the_simulator(store: MetadataStore) -> None:
-    clock = SystemClock()
-    config = fast_config(rebalancing=FAST_REBALANCING)
-    admin = AdminClient(store, clock, config)
-    async with LocalCluster(store, clock, config) as cluster:
-        await start(cluster, "b1", "b2", "b3")
-        await admin.create_topics(f"/s/t{i:03d}" for i in range(60))
-        view = await wait_settled(admin, 60, timeout=20)
-        initial = counts(view)
-        await cluster.start_broker("b4")
-        await cluster.start_broker("b5")
-        initial_cv = measure({**{b: float(n) for b, n in initial.items()}, "b4": 0, "b5": 0}).cv
-        assert initial_cv > 0.8
-
-        async def balanced() -> bool:
-            leader = cluster.leader()
-            session = leader.manager.session if leader is not None else None
-            if session is None or session.last_decision is None:
-                return False
-            view = await admin.view()
-            cv = measure({b: float(n) for b, n in counts(view).items()}).cv
-            return (
-                len(view.registrations) == 5
-                and cv < 0.10
-                and session.last_decision.rule == "balanced"
-                and not session.episode
-                and not view.markers
-                and len(view.owners) == 60
-            )
-
-        await wait_until(balanced, 45, "rebalancing to finish")
-        view = await admin.view()
-        final = counts(view)
-        assert measure({b: float(n) for b, n in final.items()}).cv < 0.10
-        moves = await admin.history()
-        moved = Counter(m.topic for m in moves)
-        assert max(moved.values()) == 1  # no topic moved twice
-        minimum = sum(max(0, initial.get(b, 0) - n) for b, n in final.items())
-        assert len(moves) == minimum
-        assert {m.to_broker for m in moves} <= {"b4", "b5"}
-        await wait_until(lambda: hosts_match(cluster, admin), 10, "hosts serve their topics")
-
-
+@pytest.mark.parametrize("store", ["etcd"], indirect=True)
 async def test_killed_broker_topics_are_owned_elsewhere_within_ttl(store: MetadataStore) -> None:
     clock = SystemClock()
     ttl = 2.0
@@ -193,6 +118,7 @@ async def test_killed_broker_topics_are_owned_elsewhere_within_ttl(store: Metada
         await wait_until(lambda: hosts_match(cluster, admin), 5, "hosts serve their topics")
 
 
+@pytest.mark.parametrize("store", ["memory"], indirect=True)
 async def test_killed_leader_is_replaced_and_nothing_is_lost(store: MetadataStore) -> None:
     clock = SystemClock()
     ttl = 2.0
@@ -215,10 +141,21 @@ async def test_killed_leader_is_replaced_and_nothing_is_lost(store: MetadataStor
         # Topics created while there was no leader, and the dead leader's own topics,
         # all end up assigned.
         await admin.create_topics(f"/l/late{i}" for i in range(10))
-        view = await wait_settled(admin, 40, timeout=ttl + 5)
-        assert old.broker_id not in view.by_broker
+
+        async def on_live_brokers() -> bool:
+            # (A late topic may land on the dead leader while its registration lives on;
+            # its failover follows the expiry.)
+            view = await settled(admin, 40)
+            return (
+                view is not None
+                and old.broker_id not in view.registrations
+                and old.broker_id not in view.by_broker
+            )
+
+        await wait_until(on_live_brokers, ttl + 5, "every topic on a live broker")
 
 
+@pytest.mark.parametrize("store", ["etcd"], indirect=True)
 async def test_every_marker_is_consumed_and_no_topic_has_two_owners(
     store: MetadataStore,
 ) -> None:
@@ -272,6 +209,7 @@ async def test_every_marker_is_consumed_and_no_topic_has_two_owners(
         await store.delete(keys.CLUSTER_PREFIX + "zz-test-end")
 
 
+@pytest.mark.parametrize("store", ["memory"], indirect=True)
 async def test_marker_reasons_reach_the_new_owner(store: MetadataStore) -> None:
     """The new owner's host learns why it got the topic (the consumed marker)."""
     clock = SystemClock()

@@ -9,6 +9,7 @@ import pytest
 
 from ballast.clock import FakeClock, SystemClock
 from ballast.cluster import LeaderElection
+from ballast.cluster.election import leader_value
 from ballast.metadata import MetadataStore, Put, keys
 from ballast.metadata.memory import MemoryStore
 from tests.cluster.helpers import wait_until
@@ -56,16 +57,37 @@ async def test_a_deposed_leader_cannot_write(store: MetadataStore) -> None:
     first = LeaderElection(store, clock, "b1", ttl=5.0)
     async with first:
         term = await asyncio.wait_for(first.elected(), 5)
-        # The key vanishes (as when the lease expires) and another broker wins.
+        # The key vanishes (as when the lease expires) and another broker wins at once.
+        # (Written by the test, so that b1, campaigning again, cannot win the race.)
         await store.delete(keys.LEADER)
-        async with LeaderElection(store, clock, "b2", ttl=5.0) as second:
-            await asyncio.wait_for(second.elected(), 5)
-            # The old term's fenced write fails, whether or not b1 has noticed yet.
-            result = await store.txn([term.fence], [Put(keys.LOAD_BALANCE, {"from": "b1"})])
-            assert not result.succeeded
-            assert await store.get(keys.LOAD_BALANCE) is None
-            await wait_until(_ended(term.ended), 5, "b1 notices its term is over")
-            assert not first.is_leader and second.is_leader
+        won = await store.create_if_absent(keys.LEADER, leader_value("b2", clock.now()))
+        if not won:  # b1 was quicker: depose it once more, now that it follows no one
+            await wait_until(_is_leader(first), 5, "b1 leads again")
+            term = first.term  # type: ignore[assignment]
+            await store.delete(keys.LEADER)
+            assert await store.create_if_absent(keys.LEADER, leader_value("b2", clock.now()))
+        # The old term's fenced write fails, whether or not b1 has noticed yet.
+        result = await store.txn([term.fence], [Put(keys.LOAD_BALANCE, {"from": "b1"})])
+        assert not result.succeeded
+        assert await store.get(keys.LOAD_BALANCE) is None
+        await wait_until(_ended(term.ended), 5, "b1 notices its term is over")
+        assert not first.is_leader
+        await wait_until(_follows(first, "b2"), 5, "b1 follows b2")
+        await store.delete(keys.LEADER)
+
+
+def _is_leader(election: LeaderElection):  # type: ignore[no-untyped-def]
+    async def check() -> bool:
+        return election.is_leader
+
+    return check
+
+
+def _follows(election: LeaderElection, leader: str):  # type: ignore[no-untyped-def]
+    async def check() -> bool:
+        return election.leader == leader
+
+    return check
 
 
 def _ended(event: asyncio.Event):  # type: ignore[no-untyped-def]

@@ -158,10 +158,19 @@ async def test_sigkilled_leader_is_replaced_within_ttl_and_nothing_is_lost(
     await wait_until(replaced, TTL + 2, "a new leader")
     assert time.monotonic() - killed_at <= TTL + 2
 
-    # Nothing lost: every topic, the old leader's included, ends up on a live broker.
-    view = await wait_settled(admin, 70, timeout=TTL + 5)
-    assert leader not in view.by_broker
-    assert set(view.by_broker) <= {"p1", "p2", "p3"} - {leader}
+    # Nothing lost: every topic, the old leader's included, ends up on a live broker. (The
+    # new leader may place a late topic on the dead leader while its registration has not
+    # expired yet; its failover follows the expiry.)
+    async def on_live_brokers() -> bool:
+        view = await admin.view()
+        return (
+            len(view.owners) == 70
+            and not view.markers
+            and leader not in view.registrations
+            and set(view.by_broker) <= {"p1", "p2", "p3"} - {leader}
+        )
+
+    await wait_until(on_live_brokers, TTL + 5, "every topic on a live broker")
 
 
 async def test_broker_command_serves_and_leaves_gracefully_on_sigterm(

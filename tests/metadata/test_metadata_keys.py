@@ -170,3 +170,18 @@ def test_assignment_prefix_covers_state_but_parser_tells_them_apart() -> None:
         keys.parse_assignment_key(state)
     with pytest.raises(keys.KeyLayoutError):
         keys.parse_broker_state_key(assignment)
+
+
+def test_ownership_record_and_namespace_keys() -> None:
+    assert keys.topic_owner("/default/t1") == "/cluster/owners/default/t1"
+    assert str(keys.parse_topic_owner_key("/cluster/owners/default/t1")) == "/default/t1"
+    with pytest.raises(keys.KeyLayoutError):
+        keys.parse_topic_owner_key("/cluster/owners/default")
+    assert keys.namespace_topics_prefix("demo") == "/topics/demo/"
+    with pytest.raises(ValueError, match="invalid namespace"):
+        keys.namespace_topics_prefix("a/b")
+    assert str(keys.parse_topic_meta_key("/topics/ns/t/meta")) == "/ns/t"
+    with pytest.raises(keys.KeyLayoutError):
+        keys.parse_topic_meta_key("/topics/ns/t/subscriptions")
+    assert keys.is_broker_state_key("/cluster/brokers/b1/state")
+    assert not keys.is_broker_state_key("/cluster/brokers/b1/ns/state")

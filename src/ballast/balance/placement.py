@@ -8,13 +8,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ballast.balance.bundles import NamespaceBundles
 from ballast.balance.domains import filter_anti_affinity, group_counts
 from ballast.balance.estimate import add_topic, remove_broker, topic_weight
 from ballast.balance.pulsar_strategies import PULSAR_STRATEGIES, select_pulsar
-from ballast.balance.rankings import score_brokers
+from ballast.balance.rankings import broker_metrics, score_brokers, scores_from_metrics
 from ballast.config import PulsarConfig, Strategy
-from ballast.model import BrokerId, ClusterSnapshot, MarkerReason, TopicName, UnassignedMarker
+from ballast.model import (
+    BrokerId,
+    ClusterSnapshot,
+    MarkerReason,
+    TopicLoad,
+    TopicName,
+    UnassignedMarker,
+)
 
 ROUND_ROBIN_BAND = 0.10  # brokers within 10 % of the minimum score share new topics
 
@@ -36,12 +45,16 @@ class Placement:
 
 
 def filter_brokers(
-    snapshot: ClusterSnapshot, marker: UnassignedMarker | None, topic: str | None = None
+    snapshot: ClusterSnapshot,
+    marker: UnassignedMarker | None,
+    topic: str | None = None,
+    exclude: Mapping[BrokerId, str] | None = None,
 ) -> tuple[list[BrokerId], dict[BrokerId, str]]:
     """Brokers that may take a topic, and the reason each other broker may not.
 
     With `topic` given, a namespace in an anti-affinity group is kept away from the failure
-    domains and brokers already holding the most namespaces of its group."""
+    domains and brokers already holding the most namespaces of its group. `exclude` names
+    further brokers the caller rules out, each with its reason (e.g. the return window)."""
     allowed: list[BrokerId] = []
     rejected: dict[BrokerId, str] = {}
     states = snapshot.states
@@ -51,6 +64,8 @@ def filter_brokers(
             rejected[broker] = f"[not-active] broker is {state.mode.value}"
         elif marker is not None and marker.from_broker == broker:
             rejected[broker] = f"[source] topic is leaving this broker ({marker.reason.value})"
+        elif exclude is not None and broker in exclude:
+            rejected[broker] = exclude[broker]
         else:
             allowed.append(broker)
     if topic is not None and snapshot.anti_affinity_groups:
@@ -90,15 +105,17 @@ def select_broker(
     scores: Mapping[BrokerId, float] | None = None,
     topic: str | None = None,
     pulsar: PulsarConfig | None = None,
+    band: float = ROUND_ROBIN_BAND,
+    exclude: Mapping[BrokerId, str] | None = None,
 ) -> Placement:
     """Pick the broker for one topic.
 
     The `to_broker` hint wins when that broker passes the filters; then, for a namespace
     placed by bundle, the broker already owning the topic's bundle; otherwise round-robin,
-    continuing after `last_chosen`, among brokers within 10 % of the minimum score (Pulsar's
-    strategies choose by their own rule instead).
+    continuing after `last_chosen`, among brokers within `band` (10 %) of the minimum score
+    (Pulsar's strategies choose by their own rule instead). `exclude`: see `filter_brokers`.
     """
-    allowed, rejected = filter_brokers(snapshot, marker, topic)
+    allowed, rejected = filter_brokers(snapshot, marker, topic, exclude)
     scores = dict(scores) if scores is not None else score_brokers(snapshot, strategy, pulsar)
     if not allowed:
         return Placement(None, "[no-broker] no active broker can take the topic", (), rejected)
@@ -128,16 +145,16 @@ def select_broker(
             scores,
         )
     lowest = min(scores[b] for b in allowed)
-    band = lowest + ROUND_ROBIN_BAND * abs(lowest)
-    candidates = tuple(sorted(b for b in allowed if scores[b] <= band))
+    ceiling = lowest + band * abs(lowest)
+    candidates = tuple(sorted(b for b in allowed if scores[b] <= ceiling))
     following = [b for b in candidates if last_chosen is not None and b > last_chosen]
     chosen = following[0] if following else candidates[0]
     in_band = set(candidates)  # a set: this runs per placement over every broker
     for b in allowed:
         if b not in in_band:
-            rejected[b] = f"[score] {scores[b]:.2f} is above the band {band:.2f}"
+            rejected[b] = f"[score] {scores[b]:.2f} is above the band {ceiling:.2f}"
     reason = (
-        f"[round-robin] {chosen} among {len(candidates)} broker(s) within 10% of the "
+        f"[round-robin] {chosen} among {len(candidates)} broker(s) within {band:.0%} of the "
         f"minimum score {lowest:.2f}"
     )
     return Placement(chosen, reason, candidates, rejected, scores)
@@ -152,6 +169,110 @@ class PlacementPlan:
     last_chosen: BrokerId | None
 
 
+class _BulkPlacer:
+    """`select_broker` for many topics in a row, in O(brokers) numpy per topic.
+
+    The filters are computed once and the metric columns are updated in place after each
+    placement (exactly what `add_topic` adds), so the scores are the strategy's own formula
+    on the same numbers, without rebuilding the snapshot's metrics for every topic. A
+    placement that finds no broker falls back to `select_broker` for its full explanation;
+    a successful one carries its reason and candidates (per-broker rejections are left to
+    `select_broker`, which `ballast admin topics describe` uses).
+
+    Pulsar's inputs take `select_broker`'s full path, on the snapshot that already holds
+    the previous placements: Pulsar's strategies, a namespace placed by bundle (the
+    bundle's owner wins) and a namespace in an anti-affinity group (the domain filter).
+    """
+
+    def __init__(
+        self,
+        snapshot: ClusterSnapshot,
+        strategy: Strategy,
+        band: float,
+        pulsar: PulsarConfig | None = None,
+    ) -> None:
+        self.strategy = strategy
+        self.band = band
+        self.pulsar = pulsar
+        self.pulsar_strategy = strategy in PULSAR_STRATEGIES
+        self.metrics = broker_metrics(snapshot)
+        self.brokers = snapshot.brokers
+        self.index = {b: i for i, b in enumerate(self.brokers)}
+        self.active = np.array([snapshot.state(b).is_active for b in self.brokers], dtype=bool)
+        self.scores = (
+            np.zeros(len(self.brokers))
+            if self.pulsar_strategy
+            else scores_from_metrics(self.metrics, strategy)
+        )
+
+    def _full_path(self, snapshot: ClusterSnapshot, topic: str | None) -> bool:
+        if self.pulsar_strategy:
+            return True
+        if topic is None or not (snapshot.bundle_boundaries or snapshot.anti_affinity_groups):
+            return False
+        ns = TopicName.parse(topic).namespace
+        return ns in snapshot.bundle_boundaries or bool(snapshot.anti_affinity_groups.get(ns))
+
+    def select(
+        self,
+        snapshot: ClusterSnapshot,
+        marker: UnassignedMarker | None,
+        last_chosen: BrokerId | None,
+        topic: str | None = None,
+    ) -> Placement:
+        allowed = self.active.copy()
+        source = marker.from_broker if marker is not None else None
+        if source in self.index:
+            allowed[self.index[source]] = False
+        if not allowed.any() or self._full_path(snapshot, topic):
+            return select_broker(
+                snapshot,
+                self.strategy,
+                marker,
+                last_chosen,
+                topic=topic,
+                pulsar=self.pulsar,
+                band=self.band,
+            )
+        hint = marker.to_broker if marker is not None else None
+        if hint is not None:
+            i = self.index.get(hint)
+            if i is not None and allowed[i]:
+                return Placement(hint, f"[hint] to_broker {hint} honoured")
+        lowest = float(self.scores[allowed].min())
+        ceiling = lowest + self.band * abs(lowest)
+        chosen_mask = allowed & (self.scores <= ceiling)
+        candidates = tuple(sorted(self.brokers[i] for i in np.flatnonzero(chosen_mask)))
+        following = [b for b in candidates if last_chosen is not None and b > last_chosen]
+        chosen = following[0] if following else candidates[0]
+        reason = (
+            f"[round-robin] {chosen} among {len(candidates)} broker(s) within "
+            f"{self.band:.0%} of the minimum score {lowest:.2f}"
+        )
+        return Placement(chosen, reason, candidates)
+
+    def add(
+        self,
+        broker: BrokerId,
+        load: TopicLoad | None = None,
+        resources: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0),
+    ) -> None:
+        """Account for a topic placed on `broker` (as `add_topic` does to the snapshot)."""
+        i = self.index[broker]
+        m = self.metrics
+        m.topic_count[i] += 1
+        if load is not None:
+            m.throughput_mbps[i] += load.throughput_mbps
+            m.connections[i] += load.connections
+            m.backlog[i] += load.backlog
+        m.cpu[i] += resources[0]
+        m.mem[i] += resources[1]
+        m.disk[i] += resources[2]
+        m.net[i] += resources[3]
+        if not self.pulsar_strategy:
+            self.scores = scores_from_metrics(m, self.strategy)
+
+
 def place_topics(
     snapshot: ClusterSnapshot,
     strategy: Strategy,
@@ -160,14 +281,14 @@ def place_topics(
     pulsar: PulsarConfig | None = None,
 ) -> PlacementPlan:
     """Place a burst of new topics; each placement adds a zero-load placeholder."""
+    placer = _BulkPlacer(snapshot, strategy, ROUND_ROBIN_BAND, pulsar)
     placements = []
     for topic, marker in topics:
-        placement = select_broker(
-            snapshot, strategy, marker, last_chosen, topic=topic, pulsar=pulsar
-        )
+        placement = placer.select(snapshot, marker, last_chosen, topic)
         placements.append((topic, placement))
         if placement.broker is not None:
             snapshot = add_topic(snapshot, topic, placement.broker)
+            placer.add(placement.broker)
             last_chosen = placement.broker
     return PlacementPlan(tuple(placements), snapshot, last_chosen)
 
@@ -183,19 +304,22 @@ def plan_failover(
     """Spread a dead broker's topics over the survivors.
 
     Heaviest first, each carrying its last known load and resource share, so the
-    survivors' scores rise as they receive topics and nothing piles onto one broker.
+    survivors' scores rise as they receive topics and nothing piles onto one broker. Each
+    topic goes to the least-loaded survivor (round-robin among exact ties only, no 10 %
+    band): failover is a bulk placement that levels the survivors out (with Fair, counts end
+    at most one apart), where the band would keep the gaps between them.
     """
     survivors, orphans = remove_broker(snapshot, dead)
     orphans.sort(key=lambda o: (-topic_weight(o[1]), o[0]))
     marker = UnassignedMarker(MarkerReason.FAILOVER, from_broker=dead, timestamp=now)
+    placer = _BulkPlacer(survivors, strategy, 0.0, pulsar)
     placements = []
     for topic, load, resources in orphans:
-        placement = select_broker(
-            survivors, strategy, marker, last_chosen, topic=topic, pulsar=pulsar
-        )
+        placement = placer.select(survivors, marker, last_chosen, topic)
         placements.append((topic, placement))
         if placement.broker is not None:
             survivors = add_topic(survivors, topic, placement.broker, load, resources)
+            placer.add(placement.broker, load, resources)
             last_chosen = placement.broker
     return PlacementPlan(tuple(placements), survivors, last_chosen)
 

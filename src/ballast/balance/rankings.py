@@ -118,6 +118,9 @@ class Rankings:
         return [{"broker_id": b, "score": s} for b, s in self.entries]
 
 
-def rank(snapshot: ClusterSnapshot, strategy: Strategy) -> Rankings:
-    """Rankings of every broker in the snapshot, least loaded first."""
-    return Rankings.from_scores(score_brokers(snapshot, strategy))
+def rank(
+    snapshot: ClusterSnapshot, strategy: Strategy, pulsar: PulsarConfig | None = None
+) -> Rankings:
+    """Rankings of every broker in the snapshot, least loaded first (`pulsar`: settings of
+    Pulsar's strategies)."""
+    return Rankings.from_scores(score_brokers(snapshot, strategy, pulsar))

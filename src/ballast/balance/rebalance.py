@@ -1,8 +1,10 @@
 """The rebalancing decision: one move per cycle, or a hold that says why.
 
 Rules, in order (each hold names its rule): disabled, too few brokers, balanced (with
-hysteresis: an episode starts above `cv_threshold` and ends below `target_cv`), rate limit,
-cooldown, then the search for a move that strictly reduces imbalance.
+hysteresis: an episode starts above `cv_threshold` and ends below `target_cv`), noise floor
+(the score spread is below `min_imbalance`), rate limit, cooldown, then the search for a
+move that strictly reduces imbalance, does not overshoot (the source stays at or above the
+target) and does not return a topic to the broker it left within `return_window_seconds`.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from ballast.balance.candidates import movable_topics
 from ballast.balance.estimate import apply_move, broker_topic_load
 from ballast.balance.history import MoveHistory
 from ballast.balance.imbalance import Imbalance, measure, sum_squared_deviations
+from ballast.balance.noise import is_return, overshoots, spread_hold
 from ballast.balance.rankings import score_brokers
-from ballast.balance.shedding import shed
+from ballast.balance.shedding import move_budget, shed
 from ballast.config import PulsarConfig, RebalancingConfig, RebalancingPolicy, Strategy
 from ballast.model import BrokerId, ClusterSnapshot, Move
 
@@ -111,8 +114,14 @@ def find_move(
         target = targets[0]
         cands = movable_topics(snapshot, source, history, now, config)
         topics = [(t, w) for t, w in cands.topics if t not in exclude_topics]
+        window = config.return_window_seconds
+        returning = [t for t, _ in topics if is_return(history, t, target, now, window)]
+        topics = [(t, w) for t, w in topics if t not in returning]
         if not topics:
-            notes.append(f"{source}: no movable topic (excluded: {cands.explain_exclusions()})")
+            excluded = cands.explain_exclusions()
+            if returning:
+                excluded += f", {len(returning)} left {target} within the return window"
+            notes.append(f"{source}: no movable topic (excluded: {excluded})")
             continue
         gap = scores[source] - scores[target]
         est = _estimated_weights(snapshot, source, [w for _, w in topics], scores[source])
@@ -125,6 +134,8 @@ def find_move(
             topic = topics[i][0]
             after = apply_move(snapshot, topic, source, target)
             new_scores = active_scores(after, strategy)
+            if overshoots(new_scores, source, target):
+                continue  # more than the imbalance one move can fix: noise would undo it
             if sum_squared_deviations(new_scores) < before * (1 - 1e-12) - 1e-12:
                 move = Move(
                     topic=topic,
@@ -188,6 +199,9 @@ def decide_rebalance(
             f"({config.aggressiveness.value})",
             stats,
         )
+    floor = spread_hold(stats, config)
+    if floor is not None:
+        return Decision("noise-floor", floor, stats)
     recent = len(history.in_window(now))
     wait = history.next_rate_slot(now, config.max_moves_per_hour)
     if wait > 0:
@@ -224,11 +238,20 @@ def _decide_shedding(
     cfg = pulsar or PulsarConfig()
     if not cfg.shedding_enabled:
         return Decision("disabled", "shedding is disabled (pulsar.shedding_enabled: false)", stats)
-    out = shed(snapshot, history, now, config, strategy, cfg, state)
+    budget, why = move_budget(history, now, config)
+    out = shed(snapshot, history, now, config, strategy, cfg, state, max_moves=budget)
     res = out.result
     details = tuple(v.line() for v in res.verdicts) + out.notes
     usage = dict(res.usage) or None
     if not out.moves:
+        if out.rate_limited:
+            return Decision(
+                "rate-limit",
+                f"[{res.shedder.value}] {res.summary}; no move allowed now: {why}",
+                stats,
+                details=details,
+                shedder_state=usage,
+            )
         return Decision(
             "no-shedding",
             f"[{res.shedder.value}] {res.summary}",

@@ -32,6 +32,7 @@ from ballast.balance.candidates import is_blacklisted
 from ballast.balance.domains import group_counts, should_unload
 from ballast.balance.estimate import apply_move
 from ballast.balance.history import MoveHistory
+from ballast.balance.noise import is_return
 from ballast.balance.placement import select_broker
 from ballast.balance.pulsar_strategies import broker_resources
 from ballast.balance.rankings import score_brokers
@@ -151,6 +152,39 @@ class SheddingOutcome:
     after_first: ClusterSnapshot | None
     after_all: ClusterSnapshot
     notes: tuple[str, ...]
+    rate_limited: int = 0  # units the rate limits held back
+
+
+def move_budget(history: MoveHistory, now: float, config: RebalancingConfig) -> tuple[int, str]:
+    """How many topic moves the rate limits allow now (`max_moves_per_hour` over the last
+    hour, none during `cooldown_seconds` after the last move), and why it is what it is."""
+    if history.cooldown_left(now, config.cooldown_seconds) > 0:
+        return 0, f"cooldown ({config.cooldown_seconds:g}s after the last move)"
+    recent = len(history.in_window(now))
+    left = max(0, config.max_moves_per_hour - recent)
+    return left, f"{recent} moves in the last hour (max {config.max_moves_per_hour})"
+
+
+def returning_targets(
+    history: MoveHistory,
+    topics: tuple[str, ...],
+    brokers: tuple[BrokerId, ...],
+    now: float,
+    window: float,
+) -> dict[BrokerId, str]:
+    """Brokers a unit may not move to: one of its topics left them within the return
+    window (`noise.is_return`), each with the reason."""
+    if window <= 0:
+        return {}
+    recent = {m.topic for m in history.moves if now - m.timestamp < window}
+    out: dict[BrokerId, str] = {}
+    for t in topics:
+        if t not in recent:
+            continue
+        for b in brokers:
+            if b not in out and is_return(history, t, b, now, window):
+                out[b] = f"[return-window] {t} left {b} less than {window:g}s ago"
+    return out
 
 
 def shed(
@@ -161,8 +195,15 @@ def shed(
     strategy: Strategy,
     pulsar: PulsarConfig | None = None,
     state: Mapping[BrokerId, float] | None = None,
+    max_moves: int | None = None,
 ) -> SheddingOutcome:
-    """Run the configured shedder and turn its unloads into moves."""
+    """Run the configured shedder and turn its unloads into moves.
+
+    Every unit keeps its topics together (one target for all of them); a target a topic of
+    the unit left within `return_window_seconds` is ruled out. With `max_moves`, units are
+    taken in the shedder's order while their topic moves fit (a unit never splits); a unit
+    larger than the whole budget moves alone when the budget is full (no move in the hour),
+    so that a big bundle is not stuck forever."""
     cfg = pulsar or PulsarConfig()
     units = build_units(snapshot, history, now, config, cfg)
     result = run_shedder(config.policy, units.input, cfg, state)
@@ -178,13 +219,28 @@ def shed(
     after_first: ClusterSnapshot | None = None
     last: BrokerId | None = None
     reason = SHEDDER_REASON[config.policy]
+    held = 0
     scores = score_brokers(after, strategy, cfg) if result.unloads else {}
+    window = config.return_window_seconds
     for unload in result.unloads:
         ts = units.topics[index[(unload.unit, unload.broker)]]
+        if max_moves is not None and len(moves) + len(ts) > max_moves:
+            alone = not moves and max_moves >= config.max_moves_per_hour > 0
+            if not alone:
+                held += 1
+                notes.append(
+                    f"{unload.unit}: [rate-limit] its {len(ts)} topic move(s) exceed what the "
+                    f"rate limits allow now ({max_moves - len(moves)} left)"
+                )
+                continue
         marker = UnassignedMarker(MarkerReason.REBALANCE, from_broker=unload.broker, timestamp=now)
-        placement = select_broker(after, strategy, marker, last, scores, topic=ts[0], pulsar=cfg)
+        exclude = returning_targets(history, ts, snapshot.brokers, now, window)
+        placement = select_broker(
+            after, strategy, marker, last, scores, topic=ts[0], pulsar=cfg, exclude=exclude
+        )
+        ruled_out = "".join(f"; {b}: {why}" for b, why in sorted(exclude.items()))
         if placement.broker is None:
-            notes.append(f"{unload.unit}: no target ({placement.reason})")
+            notes.append(f"{unload.unit}: no target ({placement.reason}{ruled_out})")
             continue
         target = placement.broker
         last = target
@@ -198,8 +254,9 @@ def shed(
         notes.append(
             f"{unload.unit} ({len(ts)} topic(s), {unload.throughput / 1e6:.2f} MB/s, "
             f"{unload.msg_rate:.0f} msg/s): {unload.broker} → {target} {placement.reason}"
+            + ruled_out
         )
-    return SheddingOutcome(result, tuple(moves), after_first, after, tuple(notes))
+    return SheddingOutcome(result, tuple(moves), after_first, after, tuple(notes), held)
 
 
 def _rescored(

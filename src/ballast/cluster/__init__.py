@@ -1,7 +1,8 @@
 """The control plane: brokers, leader election, the load manager, admin and metrics.
 
-Services own their asyncio tasks and receive their collaborators (store, clock, host,
-configuration) explicitly; every decision comes from `ballast.balance`.
+Services own their asyncio tasks (`ballast.aio.TaskOwner`) and receive their
+collaborators (store, clock, host, configuration) explicitly; the leader's policy is the
+state machine of `ballast.leader`, every decision in it comes from `ballast.balance`.
 """
 
 from ballast.cluster.admin import AdminClient, AdminError

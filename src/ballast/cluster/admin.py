@@ -27,12 +27,11 @@ from ballast.balance import (
     select_broker,
 )
 from ballast.clock import Clock, SystemClock
-from ballast.cluster.records import TopicMeta
+from ballast.cluster.records import TopicMeta, release_ops
 from ballast.cluster.view import ClusterView
 from ballast.config import BallastConfig, Strategy
 from ballast.metadata import (
     Compare,
-    Delete,
     MetadataStore,
     Put,
     keys,
@@ -370,7 +369,7 @@ class AdminClient:
         key = keys.broker_assignment(owner, name)
         result = await self.store.txn(
             [Compare.mod_revision_equals(key, view.owners[name][owner])],
-            [Delete(key), Put(keys.unassigned(name), marker.to_dict())],
+            [*release_ops(owner, name), Put(keys.unassigned(name), marker.to_dict())],
         )
         if not result.succeeded:
             raise AdminError(f"topic {name} changed owner meanwhile; look again and retry")
@@ -452,7 +451,7 @@ class AdminClient:
             result = await self.store.txn(
                 [Compare.mod_revision_equals(key, owners[move.from_broker])],
                 [
-                    Delete(key),
+                    *release_ops(move.from_broker, move.topic),
                     Put(keys.unassigned(move.topic), marker.to_dict()),
                     Put(keys.rebalancing_history(now, seq), recorded.to_dict()),
                 ],

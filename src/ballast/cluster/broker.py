@@ -14,6 +14,11 @@
   deletes the assignment and writes a ``drain_redirect`` marker.
 - If its lease is lost it stops serving every topic at once (their new owners may already
   be writing), registers again on a new lease and reloads whatever is still assigned to it.
+- Its loops are supervised: a store outage, or a `load`/`unload` of its host that fails, is
+  logged, counted (``ballast_broker_loop_errors_total{loop}``) and retried; the broker
+  keeps serving everything else. A topic whose `load` failed is loaded again at the next
+  resync (after `retry_delay`); a topic whose `unload` failed is not marked ready (the
+  leader's seal timeout forces the move).
 """
 
 from __future__ import annotations
@@ -26,13 +31,12 @@ from typing import Any
 from ballast.clock import Clock
 from ballast.cluster.host import TopicHost
 from ballast.cluster.metrics import ClusterMetrics
-from ballast.cluster.records import Registration, parse_assignment_value
+from ballast.cluster.records import Registration, parse_assignment_value, release_ops
 from ballast.cluster.resources import PsutilSampler, ResourceSampler
 from ballast.cluster.service import Service, keep_alive, watching
 from ballast.config import BallastConfig
 from ballast.metadata import (
     Compare,
-    Delete,
     Lease,
     Listing,
     MetadataError,
@@ -100,6 +104,25 @@ class BrokerNode(Service):
         self.reports_published = 0
         self._host_lock = asyncio.Lock()
         self._resync = asyncio.Event()
+        self._retry_scheduled = False
+
+    def _loop_error(self, loop: str, exc: BaseException) -> None:
+        """Log and count a failure a supervised loop survives."""
+        self.metrics.loop_errors.labels(loop=loop).inc()
+        log.warning("%s: %s failed (retrying): %r", self.name, loop, exc)
+
+    def _retry_later(self) -> None:
+        """Resync (list the assignments again) after `retry_delay`: failed loads retry."""
+        if self._retry_scheduled:
+            return
+        self._retry_scheduled = True
+
+        async def later() -> None:
+            await self.clock.sleep(self.retry_delay)
+            self._retry_scheduled = False
+            self._resync.set()
+
+        self.spawn(later(), "retry")
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -143,7 +166,7 @@ class BrokerNode(Service):
         while True:
             lease = self.lease
             if lease is not None:
-                await keep_alive(lease, self.clock, self.name)
+                await keep_alive(lease, self.name)
             # Lost: the leader may already be reassigning our topics; stop serving them now.
             self.registered.clear()
             self.lease = None
@@ -154,8 +177,8 @@ class BrokerNode(Service):
             while self.lease is None:
                 try:
                     await self._register()
-                except MetadataError as exc:
-                    log.warning("%s: re-registering failed, retrying: %s", self.name, exc)
+                except Exception as exc:
+                    self._loop_error("register", exc)
                     await self.clock.sleep(self.retry_delay)
             self._resync.set()  # reload whatever is still assigned to us
 
@@ -197,10 +220,20 @@ class BrokerNode(Service):
                 await self._publish_report()
             except MetadataError as exc:  # incl. a lost lease: the session loop handles it
                 log.warning("%s: publishing the load report failed: %s", self.name, exc)
+            except Exception as exc:  # a failing sampler or host metrics: report next time
+                self._loop_error("load-report", exc)
 
     # -- assignments ---------------------------------------------------------------------
 
     async def _assignment_loop(self) -> None:
+        while True:
+            try:
+                await self._follow_assignments()
+            except Exception as exc:  # a store outage, a bad value: list again after a pause
+                self._loop_error("assignments", exc)
+                await self.clock.sleep(self.retry_delay)
+
+    async def _follow_assignments(self) -> None:
         prefix = keys.broker_prefix(self.broker_id)
         while True:
             self._resync.clear()
@@ -287,20 +320,33 @@ class BrokerNode(Service):
             self.metrics.reject("assignment")
             log.warning("%s: bad assignment of %s (loading anyway): %s", self.name, topic, exc)
             marker = None
-        await self.host.load(topic, marker)
+        try:
+            await self.host.load(topic, marker)
+        except Exception as exc:
+            self._loop_error("load", exc)
+            self._retry_later()
+            return
         self.serving.add(topic)
         log.debug("%s: loaded %s", self.name, topic)
 
     async def _on_unassigned(self, topic: str) -> None:
-        await self._unload(topic)
-        await self._mark_ready(topic)
+        if await self._unload(topic):
+            await self._mark_ready(topic)
 
-    async def _unload(self, topic: str) -> None:
+    async def _unload(self, topic: str) -> bool:
+        """Stop serving `topic` (sealing it); False if the host failed to unload it."""
         if topic not in self.serving:
-            return
+            return True
         self.serving.discard(topic)
-        await self.host.unload(topic)
+        try:
+            await self.host.unload(topic)
+        except Exception as exc:
+            # Not sealed: the marker stays not ready; the leader forces the move after
+            # its seal timeout (the storage engine's fenced claim makes that safe).
+            self._loop_error("unload", exc)
+            return False
         log.debug("%s: unloaded %s", self.name, topic)
+        return True
 
     async def _mark_ready(self, topic: str) -> None:
         """Set ``ready: true`` on the topic's marker if it waits for us to seal it."""
@@ -348,7 +394,7 @@ class BrokerNode(Service):
         )
         result = await self.store.txn(
             [Compare.mod_revision_equals(key, revision), Compare.absent(keys.unassigned(topic))],
-            [Delete(key), Put(keys.unassigned(topic), marker.to_dict())],
+            [*release_ops(self.broker_id, topic), Put(keys.unassigned(topic), marker.to_dict())],
         )
         if result.succeeded:
             log.info("%s: %s is draining; bounced %s", self.name, self.mode.value, topic)

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from ballast.aio import TaskOwner
 from ballast.clock import Clock
 from ballast.cluster.broker import BrokerNode
 from ballast.cluster.election import LeaderElection
@@ -45,6 +46,7 @@ class BrokerProcess:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     started: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    crashed: BaseException | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -109,11 +111,11 @@ class LocalCluster:
         self.history_dir = history_dir
         self.start_timeout = start_timeout
         self.brokers: dict[BrokerId, BrokerProcess] = {}
-        self._group: asyncio.TaskGroup | None = None
+        self._owner: TaskOwner | None = None
 
     async def __aenter__(self) -> Self:
-        self._group = asyncio.TaskGroup()
-        await self._group.__aenter__()
+        self._owner = TaskOwner("cluster")
+        await self._owner.open()
         return self
 
     async def __aexit__(
@@ -124,9 +126,10 @@ class LocalCluster:
     ) -> None:
         for broker in list(self.brokers.values()):
             broker.stop.set()
-        group, self._group = self._group, None
-        if group is not None:
-            await group.__aexit__(exc_type, exc, tb)
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            # Graceful: every broker leaves on its own (topics sealed, leases revoked).
+            await owner.close(exc_type, exc, tb, cancel=False)
 
     def host(self, broker_id: BrokerId) -> SyntheticHost:
         """The synthetic host of a broker started here."""
@@ -136,7 +139,7 @@ class LocalCluster:
 
     async def start_broker(self, broker_id: BrokerId) -> BrokerProcess:
         """Start one broker and wait until it has registered."""
-        if self._group is None:
+        if self._owner is None:
             raise RuntimeError("LocalCluster: start_broker() outside of `async with`")
         host = SyntheticHost(broker_id, self.clock, self.profiles)
         sampler = HostSampler(host) if self.synthetic_resources else None
@@ -150,10 +153,18 @@ class LocalCluster:
             history_dir=self.history_dir,
         )
         self.brokers[broker_id] = process
-        process.task = self._group.create_task(process.run(), name=f"cluster/{broker_id}")
+        process.task = self._owner.spawn(self._run(process), broker_id)
         async with asyncio.timeout(self.start_timeout):
             await process.started.wait()
         return process
+
+    async def _run(self, process: BrokerProcess) -> None:
+        """Run one broker; a broker that crashes ends alone (logged), not the cluster."""
+        try:
+            await process.run()
+        except Exception as exc:
+            process.crashed = exc
+            log.error("cluster: broker %s crashed", process.broker_id, exc_info=exc)
 
     async def stop_broker(self, broker_id: BrokerId) -> None:
         """Graceful stop: topics sealed, leases revoked, leadership handed over."""

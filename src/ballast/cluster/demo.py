@@ -200,8 +200,8 @@ async def _prepare(store: MetadataStore) -> None:
 
 async def _forget_topics(store: MetadataStore) -> None:
     for namespace in (NAMESPACE, LIVE_NAMESPACE):
-        await store.delete_prefix(f"{keys.TOPICS_PREFIX}{namespace}/")
-        await store.delete_prefix(f"{keys.STORAGE_PREFIX}{namespace}/")
+        await store.delete_prefix(keys.namespace_topics_prefix(namespace))
+        await store.delete_prefix(keys.namespace_storage_prefix(namespace))
 
 
 class LiveDemo:

@@ -18,6 +18,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from ballast.aio import first_completed
 from ballast.clock import Clock
 from ballast.cluster.metrics import ClusterMetrics
 from ballast.cluster.service import Service, keep_alive, watching
@@ -187,15 +188,14 @@ class LeaderElection(Service):
 
     async def _hold(self, term: Term, lease: Lease) -> None:
         """Lead until the lease is lost or the key changes (then return)."""
-        async with asyncio.TaskGroup() as group:
-            alive = group.create_task(
-                keep_alive(lease, self.clock, self.name), name=f"{self.name}/lease"
-            )
-            watch = group.create_task(self._watch_own_key(term), name=f"{self.name}/watch")
-            ended = group.create_task(term.ended.wait(), name=f"{self.name}/ended")
-            await asyncio.wait({alive, watch, ended}, return_when=asyncio.FIRST_COMPLETED)
-            for task in (alive, watch, ended):
-                task.cancel()
+        await first_completed(
+            self.name,
+            {
+                "lease": keep_alive(lease, self.name),
+                "watch": self._watch_own_key(term),
+                "ended": term.ended.wait(),
+            },
+        )
 
     async def _watch_own_key(self, term: Term) -> None:
         """Return as soon as the leader key changes after our create (it is not ours)."""

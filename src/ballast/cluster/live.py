@@ -82,7 +82,7 @@ class LiveCluster(LocalCluster):
 
     async def start_broker(self, broker_id: BrokerId) -> BrokerProcess:
         """Start a broker with its data plane; it registers its real address."""
-        if self._group is None:
+        if self._owner is None:
             raise RuntimeError("LiveCluster: start_broker() outside of `async with`")
         synthetic = SyntheticHost(broker_id, self.clock, self.profiles)
         data = DataPlaneHost(broker_id, self.store, self.clock, self.config)
@@ -103,7 +103,7 @@ class LiveCluster(LocalCluster):
             sampler=HostSampler(synthetic) if self.synthetic_resources else None,
         )
         self.brokers[broker_id] = process
-        process.task = self._group.create_task(process.run(), name=f"cluster/{broker_id}")
+        process.task = self._owner.spawn(self._run(process), broker_id)
         async with asyncio.timeout(self.start_timeout):
             await process.started.wait()
         return process

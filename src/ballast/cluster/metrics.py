@@ -95,6 +95,22 @@ class ClusterMetrics:
             "Leader writes refused by their compares (stale view or lost leadership)",
             registry=r,
         )
+        self.forced_moves = Counter(
+            "ballast_rebalancing_forced_moves",
+            "Moves the leader forced after the source did not seal within seal_timeout_seconds",
+            registry=r,
+        )
+        self.bundle_splits = Counter(
+            "ballast_bundle_splits",
+            "Namespace bundles the leader split automatically (placement_unit: bundle)",
+            registry=r,
+        )
+        self.loop_errors = Counter(
+            "ballast_broker_loop_errors",
+            "Failures a broker's supervised loops survived (store outage, host load/unload)",
+            ["loop"],
+            registry=r,
+        )
         self.session_failures = Counter(
             "ballast_leader_session_failures",
             "Leader sessions that crashed and restarted",

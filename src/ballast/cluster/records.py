@@ -1,124 +1,25 @@
-"""Values the control plane stores that the shared model does not define.
+"""The control plane's records now live in `ballast.leader.records`; re-exported."""
 
-- `Registration`: the value at ``/cluster/register/{broker_id}``.
-- `TopicMeta`: the value at ``/topics/{ns}/{topic}/meta``; a topic exists while it exists.
-- The assignment value: `Assignment` (model) plus the marker it consumed, so the new owner's
-  `TopicHost.load` learns why it received the topic (a move, a failover, a new topic).
-
-Every decoder raises `ModelError` naming the field, like the model's codecs.
-"""
-
-from __future__ import annotations
-
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
-
-from ballast.metadata import keys
-from ballast.model import (
-    Assignment,
-    ModelError,
-    TopicName,
-    UnassignedMarker,
+from ballast.leader.records import (
+    Registration,
+    TopicMeta,
+    assignment_value,
+    claim_ops,
+    owner_value,
+    parse_assignment_value,
+    parse_owner_value,
+    parse_topic_meta_key,
+    release_ops,
 )
 
-
-@dataclass(frozen=True)
-class Registration:
-    """How to reach a broker; bound to its lease, so it vanishes when the broker dies."""
-
-    broker_url: str
-    admin_url: str = ""
-    metrics_url: str = ""
-    rack: str | None = None
-    domain: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "broker_url": self.broker_url,
-            "admin_url": self.admin_url,
-            "metrics_url": self.metrics_url,
-        }
-        if self.rack is not None:
-            data["rack"] = self.rack
-        if self.domain is not None:
-            data["domain"] = self.domain
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Any, ctx: str = "registration") -> Registration:
-        if not isinstance(data, Mapping):
-            raise ModelError(f"{ctx}: expected a JSON object, got {type(data).__name__}")
-        values: dict[str, Any] = {}
-        for name in ("broker_url", "admin_url", "metrics_url"):
-            value = data.get(name, "")
-            if not isinstance(value, str):
-                raise ModelError(f"{ctx}.{name}: expected a string, got {value!r}")
-            values[name] = value
-        for name in ("rack", "domain"):
-            value = data.get(name)
-            if value is not None and not isinstance(value, str):
-                raise ModelError(f"{ctx}.{name}: expected a string or null, got {value!r}")
-            values[name] = value
-        return cls(**values)
-
-
-@dataclass(frozen=True)
-class TopicMeta:
-    """Topic metadata; `created_at` drives the minimum-age rule of rebalancing.
-
-    Other components may store more fields under the same key; they are kept in `extra`.
-    """
-
-    created_at: float
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.extra, "created_at": self.created_at}
-
-    @classmethod
-    def from_dict(cls, data: Any, ctx: str = "topic_meta") -> TopicMeta:
-        if not isinstance(data, Mapping):
-            raise ModelError(f"{ctx}: expected a JSON object, got {type(data).__name__}")
-        created = data.get("created_at", 0.0)
-        if isinstance(created, bool) or not isinstance(created, int | float) or created < 0:
-            raise ModelError(f"{ctx}.created_at: expected epoch seconds, got {created!r}")
-        extra = {k: v for k, v in data.items() if k != "created_at"}
-        return cls(float(created), extra)
-
-
-def parse_topic_meta_key(key: str) -> TopicName:
-    """Topic of a ``/topics/{ns}/{topic}/meta`` key; `KeyLayoutError` otherwise.
-
-    The layout is spelled by `keys.topic_meta`: the candidate is rebuilt with it and must
-    give back the same key, so this parser cannot drift from the builder.
-    """
-    rest = key[len(keys.TOPICS_PREFIX) :] if key.startswith(keys.TOPICS_PREFIX) else ""
-    parts = rest.split("/")
-    if len(parts) == 3:
-        try:
-            topic = TopicName(parts[0], parts[1])
-        except ModelError:
-            pass
-        else:
-            if keys.topic_meta(topic) == key:
-                return topic
-    raise keys.KeyLayoutError(f"{key!r} is not a topic-metadata key")
-
-
-def assignment_value(assignment: Assignment, marker: UnassignedMarker | None) -> dict[str, Any]:
-    """The stored assignment: the model's fields plus the consumed marker (additive field)."""
-    data = assignment.to_dict()
-    if marker is not None:
-        data["marker"] = marker.to_dict()
-    return data
-
-
-def parse_assignment_value(
-    data: Any, ctx: str = "assignment"
-) -> tuple[Assignment, UnassignedMarker | None]:
-    """(assignment, consumed marker or None); Danube's null value is accepted."""
-    assignment = Assignment.from_dict(data, ctx)
-    raw = data.get("marker") if isinstance(data, Mapping) else None
-    marker = None if raw is None else UnassignedMarker.from_dict(raw, f"{ctx}.marker")
-    return assignment, marker
+__all__ = [
+    "Registration",
+    "TopicMeta",
+    "assignment_value",
+    "claim_ops",
+    "owner_value",
+    "parse_assignment_value",
+    "parse_owner_value",
+    "parse_topic_meta_key",
+    "release_ops",
+]

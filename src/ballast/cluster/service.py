@@ -1,4 +1,4 @@
-"""The service skeleton: an async context manager owning one task group.
+"""The service skeleton: an async context manager owning its tasks (`aio.TaskOwner`).
 
 Tasks are named ``"<service>/<loop>"``; leaving the context cancels them and waits for
 them. A task that crashes cancels the task that entered the context (asyncio.TaskGroup
@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator, Coroutine
 from types import TracebackType
 from typing import Any, Self
 
-from ballast.clock import Clock
-from ballast.metadata import Lease, LeaseNotFoundError, MetadataError, MetadataStore, WatchEvent
+from ballast.aio import TaskOwner
+from ballast.metadata import Lease, LeaseNotFoundError, MetadataStore, WatchEvent
 
 log = logging.getLogger(__name__)
 
@@ -29,18 +29,15 @@ class Service:
     name: str = "service"
 
     def __init__(self) -> None:
-        self._group: asyncio.TaskGroup | None = None
-        self._tasks: list[asyncio.Task[Any]] = []
+        self._owner: TaskOwner | None = None
         self._abandoned = False
 
     def spawn(self, coro: Coroutine[Any, Any, Any], loop: str) -> asyncio.Task[Any]:
-        """Start one named task in this service's group."""
-        if self._group is None:
+        """Start one named task (``"<service>/<loop>"``) in this service's group."""
+        if self._owner is None:
             coro.close()
             raise RuntimeError(f"{self.name}: spawn() outside of `async with`")
-        task = self._group.create_task(coro, name=f"{self.name}/{loop}")
-        self._tasks.append(task)
-        return task
+        return self._owner.spawn(coro, loop)
 
     def abandon(self) -> None:
         """Exit without clean-up, as if the process had been killed."""
@@ -57,8 +54,8 @@ class Service:
         """Graceful clean-up after the loops have stopped (skipped when abandoned)."""
 
     async def __aenter__(self) -> Self:
-        self._group = asyncio.TaskGroup()
-        await self._group.__aenter__()
+        self._owner = TaskOwner(self.name)
+        await self._owner.open()
         try:
             await self._start()
         except BaseException as exc:
@@ -80,43 +77,25 @@ class Service:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        for task in self._tasks:
-            task.cancel()
-        group, self._group = self._group, None
+        owner, self._owner = self._owner, None
         try:
-            if group is not None:
-                await group.__aexit__(exc_type, exc, tb)
+            if owner is not None:
+                await owner.close(exc_type, exc, tb)
         finally:
-            self._tasks.clear()
             if not self._abandoned:
                 await self._stop()
 
 
-async def keep_alive(lease: Lease, clock: Clock, what: str) -> None:
-    """Refresh `lease` every ttl/3; return once it is lost.
+async def keep_alive(lease: Lease, what: str) -> None:
+    """Keep `lease` alive; return once it is lost (`Lease.keep_alive_forever`'s rules).
 
     Lost means the store says the lease no longer exists, or no refresh has succeeded for
     a whole ttl (the store may already have expired it: the owner must assume the worst).
     """
-    interval = max(lease.ttl / 3.0, 0.01)
-    last_ok = clock.now()
-    while True:
-        await clock.sleep(interval)
-        try:
-            # Bounded in real time: a hung call must not outlive the lease unnoticed.
-            # (asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
-            # that arrives as the call completes, and this loop would then never stop.)
-            async with asyncio.timeout(max(interval, 0.5)):
-                await lease.refresh()
-            last_ok = clock.now()
-        except LeaseNotFoundError:
-            log.warning("%s: lease %d expired", what, lease.id)
-            return
-        except (MetadataError, TimeoutError) as exc:
-            if clock.now() - last_ok >= lease.ttl:
-                log.warning("%s: lease %d not refreshed for %.1fs: lost", what, lease.id, lease.ttl)
-                return
-            log.warning("%s: lease %d refresh failed, retrying: %s", what, lease.id, exc)
+    try:
+        await lease.keep_alive_forever(lost_after=lease.ttl)
+    except LeaseNotFoundError as exc:
+        log.warning("%s: lease %d lost: %s", what, lease.id, exc)
 
 
 @contextlib.asynccontextmanager

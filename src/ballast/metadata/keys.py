@@ -12,14 +12,17 @@ a foreign key instead of crashing.
 | `broker_state(b)` | ``/cluster/brokers/{b}/state`` |
 | `broker_assignment(b, t)` | ``/cluster/brokers/{b}/{ns}/{topic}`` |
 | `unassigned(t)` | ``/cluster/unassigned/{ns}/{topic}`` |
+| `topic_owner(t)` | ``/cluster/owners/{ns}/{topic}`` (one per owned topic: "never two owners") |
 | `load(b)` | ``/cluster/load/{b}`` |
 | `LEADER` | ``/cluster/leader`` |
 | `LOAD_BALANCE` | ``/cluster/load_balance`` |
 | `rebalancing_history(ts, seq)` | ``/cluster/rebalancing_history/{ts_ms:015}-{seq:06}`` |
 | `topic_meta(t)` | ``/topics/{ns}/{topic}/meta`` |
+| `namespace_topics_prefix(ns)` | ``/topics/{ns}/`` |
 | `subscription_cursor(t, s)` | ``/topics/{ns}/{topic}/subscriptions/{s}/cursor`` |
 | `storage_object(t, start)` | ``/storage/topics/{ns}/{topic}/objects/{start:020}`` |
 | `storage_state(t)` | ``/storage/topics/{ns}/{topic}/state`` |
+| `namespace_storage_prefix(ns)` | ``/storage/topics/{ns}/`` |
 | `namespace_bundles(ns)` | ``/cluster/bundles/{ns}`` (Pulsar's bundle boundaries) |
 | `anti_affinity_group(ns)` | ``/cluster/anti_affinity/{ns}`` (`{group}`) |
 | `failure_domain(d)` | ``/cluster/failure_domains/{d}`` (`{brokers: [...]}`) |
@@ -44,6 +47,7 @@ __all__ = [
     "LOAD_BALANCE",
     "LOAD_PREFIX",
     "NAMESPACES_PREFIX",
+    "OWNERS_PREFIX",
     "REGISTER_PREFIX",
     "STORAGE_PREFIX",
     "TOPICS_PREFIX",
@@ -56,9 +60,12 @@ __all__ = [
     "broker_prefix",
     "broker_state",
     "failure_domain",
+    "is_broker_state_key",
+    "is_topic_meta_key",
     "load",
     "namespace",
     "namespace_bundles",
+    "namespace_storage_prefix",
     "namespace_topics_prefix",
     "parse_anti_affinity_key",
     "parse_assignment_key",
@@ -71,6 +78,8 @@ __all__ = [
     "parse_register_key",
     "parse_storage_object_key",
     "parse_subscription_cursor_key",
+    "parse_topic_meta_key",
+    "parse_topic_owner_key",
     "parse_unassigned_key",
     "rebalancing_history",
     "register",
@@ -81,6 +90,7 @@ __all__ = [
     "subscription_cursor",
     "subscriptions_prefix",
     "topic_meta",
+    "topic_owner",
     "topic_prefix",
     "unassigned",
 ]
@@ -91,6 +101,7 @@ CLUSTER_PREFIX = "/cluster/"
 REGISTER_PREFIX = "/cluster/register/"
 BROKERS_PREFIX = "/cluster/brokers/"
 UNASSIGNED_PREFIX = "/cluster/unassigned/"
+OWNERS_PREFIX = "/cluster/owners/"
 LOAD_PREFIX = "/cluster/load/"
 LEADER = "/cluster/leader"
 LOAD_BALANCE = "/cluster/load_balance"
@@ -186,6 +197,11 @@ def broker_state(broker_id: str) -> str:
     return f"{broker_prefix(broker_id)}state"
 
 
+def is_broker_state_key(key: str) -> bool:
+    """Whether `key` has the shape of a broker-state key (``/cluster/brokers/{b}/state``)."""
+    return key.startswith(BROKERS_PREFIX) and key.endswith("/state") and key.count("/") == 4
+
+
 def parse_broker_state_key(key: str) -> str:
     """Broker id of a broker-state key."""
     broker_id, leaf = _segments(key, BROKERS_PREFIX, 2, "a broker-state")
@@ -228,6 +244,23 @@ def parse_unassigned_key(key: str) -> TopicName:
     """Topic of an unassigned-marker key."""
     namespace, name = _segments(key, UNASSIGNED_PREFIX, 2, "an unassigned-marker")
     return _parsed_topic(key, namespace, name, "an unassigned-marker")
+
+
+def topic_owner(topic: TopicLike) -> str:
+    """Ownership record of a topic: ``{broker_id}`` of its one owner.
+
+    Written and deleted in the same transaction as the per-broker assignment key, so a
+    placement proves "no other owner" with ONE compare (this key is absent), whatever the
+    number of brokers.
+    """
+    t = _topic(topic)
+    return f"{OWNERS_PREFIX}{t.namespace}/{t.name}"
+
+
+def parse_topic_owner_key(key: str) -> TopicName:
+    """Topic of an ownership-record key."""
+    namespace, name = _segments(key, OWNERS_PREFIX, 2, "an ownership-record")
+    return _parsed_topic(key, namespace, name, "an ownership-record")
 
 
 def load(broker_id: str) -> str:
@@ -288,6 +321,20 @@ def topic_meta(topic: TopicLike) -> str:
     return f"{topic_prefix(topic)}meta"
 
 
+def is_topic_meta_key(key: str) -> bool:
+    """Whether `key` has the shape of a topic-metadata key (``/topics/{ns}/{topic}/meta``)."""
+    return key.startswith(TOPICS_PREFIX) and key.endswith("/meta") and key.count("/") == 4
+
+
+def parse_topic_meta_key(key: str) -> TopicName:
+    """Topic of a ``/topics/{ns}/{topic}/meta`` key."""
+    what = "a topic-metadata"
+    namespace, name, leaf = _segments(key, TOPICS_PREFIX, 3, what)
+    if leaf != "meta":
+        raise KeyLayoutError(f"{key!r} is not {what} key: expected it to end in /meta")
+    return _parsed_topic(key, namespace, name, what)
+
+
 def subscriptions_prefix(topic: TopicLike) -> str:
     """Prefix of a topic's subscriptions."""
     return f"{topic_prefix(topic)}subscriptions/"
@@ -319,6 +366,11 @@ def storage_topic_prefix(topic: TopicLike) -> str:
     """Prefix of a reliable topic's storage records (objects and sealed state)."""
     t = _topic(topic)
     return f"{STORAGE_PREFIX}{t.namespace}/{t.name}/"
+
+
+def namespace_storage_prefix(name: str) -> str:
+    """Prefix of the storage records of every reliable topic in a namespace."""
+    return f"{STORAGE_PREFIX}{_namespace(name)}/"
 
 
 def storage_objects_prefix(topic: TopicLike) -> str:

@@ -224,21 +224,39 @@ class Lease:
         """Refresh the lease once; raises `LeaseNotFoundError` if it has already expired."""
         await self._refresh(self.id)
 
-    async def keep_alive_forever(self) -> None:
-        """Refresh every ``ttl / 3`` until cancelled; raises when the lease is lost.
+    async def keep_alive_forever(self, *, lost_after: float | None = None) -> None:
+        """Refresh every ``ttl / 3`` until cancelled; raise `LeaseNotFoundError` once lost.
 
-        Transient failures (e.g. an etcd member restarting) are retried at the next tick: a
-        lease only counts as lost when the store says it no longer exists.
+        The one keep-alive of the code base (brokers, leader election and `start_keep_alive`
+        use it). Lost means the store says the lease no longer exists; transient failures
+        (e.g. an etcd member restarting) are retried at the next tick. With `lost_after`,
+        it also means `lost_after` seconds without a successful refresh (each refresh is
+        then bounded in real time, so a hung call cannot outlive the lease unnoticed): the
+        store may already have expired the lease, and an owner must assume the worst.
         """
         interval = max(self.ttl / 3.0, 0.01)
+        last_ok = self._clock.now()
         while True:
             try:
-                await self._refresh(self.id)
+                if lost_after is None:
+                    await self._refresh(self.id)
+                else:
+                    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
+                    # cancellation that arrives as the call completes.
+                    async with asyncio.timeout(max(interval, 0.5)):
+                        await self._refresh(self.id)
+                last_ok = self._clock.now()
             except LeaseNotFoundError as exc:
                 self.error = exc
                 self.lost.set()
                 raise
-            except MetadataError as exc:
+            except (MetadataError, TimeoutError) as exc:
+                if lost_after is not None and self._clock.now() - last_ok >= lost_after:
+                    lost = LeaseNotFoundError(self.id)
+                    self.error = lost
+                    self.lost.set()
+                    log.warning("lease %d not refreshed for %.1fs: lost", self.id, lost_after)
+                    raise lost from exc
                 # Not fatal: the lease may still be alive; the next tick retries.
                 log.warning("lease %d keep-alive failed, retrying: %s", self.id, exc)
             await self._clock.sleep(interval)

@@ -1,37 +1,51 @@
-"""The virtual-time simulator: the real decision core on a simulated cluster.
+"""The virtual-time simulator: the leader's own state machine on a simulated cluster.
 
-Each step (one rebalancing check interval of virtual time) applies the scenario's events,
-fails over dead brokers, drains draining ones, places new topics, publishes fresh load
-reports and asks the core for this cycle's move. Hours of rebalancing take seconds and the
-result is deterministic for a seed.
+A `SimStore` (synchronous, etcd's revision and compare semantics) holds the cluster's
+keys; simulated brokers register, publish load reports, serve what is assigned to them
+and seal (instantly) what is taken away; the leader is `LeaderMachine`, the very policy
+the live leader runs (failover, drain, placement, the two phases of a move, rebalancing
+with Danube's rule or a Pulsar shedder, bundle placement and automatic bundle splits),
+fed the store's changes and a tick per step, its writes performed on the store. Each step
+(one rebalancing check interval of virtual time) applies the scenario's events, publishes
+fresh load reports and lets the cluster settle. Hours of rebalancing take seconds and the
+result is deterministic for a seed. `Simulator.inputs` records every event fed to the
+machine, so a run can be replayed into the live leader's machine.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ballast.balance import MoveHistory, decide_rebalance, place_topics, plan_failover
-from ballast.balance.bundles import NamespaceBundles
+from ballast.balance.bundles import BundleError, NamespaceBundles
 from ballast.balance.imbalance import measure
 from ballast.balance.rebalance import active_scores
-from ballast.balance.shedding import auto_split, prepare_snapshot
-from ballast.config import PlacementUnit
+from ballast.config import BallastConfig
+from ballast.leader import Bootstrap, LeaderMachine, Ready, Tick, Watched
+from ballast.leader import Event as MachineEvent
+from ballast.leader.records import Registration, TopicMeta, claim_ops, parse_assignment_value
+from ballast.metadata import Put, keys
 from ballast.model import (
+    Assignment,
     BrokerId,
     BrokerMode,
     BrokerState,
     ClusterSnapshot,
     LoadReport,
+    MarkerReason,
+    ModelError,
     Move,
     TopicLoad,
+    UnassignedMarker,
 )
 from ballast.simulate.scenario import BrokerSpec, Event, GrowSpec, Scenario, TopicSpec
+from ballast.simulate.store import SimStore, drive
 
 EPOCH = 1_700_000_000.0  # virtual time starts here; scenario times are offsets
+LEADER = "sim-leader"
 
 
 @dataclass
@@ -98,19 +112,24 @@ class Simulator:
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
         self.lm = scenario.load_manager
+        self.config = BallastConfig(load_manager=scenario.load_manager)
         self.rng = np.random.default_rng(scenario.seed)
+        self.store = SimStore()
+        # Rankings are posted once per timeline sample: nobody reads them in between.
+        self.machine = LeaderMachine(
+            LEADER, 1, self.config, rankings_interval=scenario.sample_every_seconds
+        )
+        self.inputs: list[MachineEvent] = []
+        self.outputs: list[Ready] = []
         self.brokers: dict[BrokerId, BrokerSpec] = {}
         self.states: dict[BrokerId, BrokerState] = {}
         self.assignments: dict[BrokerId, list[str]] = {}
         self.topics: dict[str, _Topic] = {}
-        self.pending: list[str] = []  # created, not yet placed
-        self.history = MoveHistory()
-        self.episode = False
-        self.shedder_state: dict[BrokerId, float] | None = None
-        self.layouts: dict[str, NamespaceBundles] = {}  # bundles, when placed by bundle
-        self.last_chosen: BrokerId | None = None
         self.now = EPOCH
         self.result = SimResult(scenario)
+        self._watched = 0  # store events delivered to the leader
+        self._reacted = 0  # store events the brokers have acted on
+        self._checks = 0
 
     # --- the simulated cluster ---------------------------------------------------------
 
@@ -134,38 +153,45 @@ class Simulator:
         )
 
     def snapshot(self) -> ClusterSnapshot:
+        """The cluster as it really is (fresh reports, unsmoothed): for the timeline."""
         live = tuple(sorted(self.brokers))
-        snap = ClusterSnapshot(
+        return ClusterSnapshot(
             brokers=live,
             reports={b: self._report(b) for b in live},
             states={b: self.states[b] for b in live},
             assignments={b: tuple(self.assignments[b]) for b in live},
             topic_created={name: t.created for name, t in self.topics.items()},
         )
-        return prepare_snapshot(snap, self.lm, self.layouts)
 
     def _add_broker(self, spec: BrokerSpec) -> None:
         self.brokers[spec.id] = spec
         self.states[spec.id] = BrokerState()
         self.assignments.setdefault(spec.id, [])
+        self.store.put(keys.register(spec.id), Registration(f"{spec.id}:6650").to_dict())
+        self.store.put(keys.broker_state(spec.id), BrokerState().to_dict())
 
     def _create_topics(self, spec: TopicSpec) -> None:
         rates = self.rng.lognormal(0.0, spec.skew, spec.count) if spec.skew else np.ones(spec.count)
         start = sum(1 for t in self.topics if t.startswith(f"/{spec.namespace}/{spec.prefix}-"))
         for i in range(spec.count):
             name = f"/{spec.namespace}/{spec.prefix}-{start + i:05d}"
+            created = self.now - spec.age_seconds
             self.topics[name] = _Topic(
                 name,
-                self.now - spec.age_seconds,
+                created,
                 spec.msg_rate * float(rates[i]),
                 spec.byte_rate * float(rates[i]),
                 spec.producers,
                 spec.consumers,
             )
+            meta = Put(keys.topic_meta(name), TopicMeta(created).to_dict())
             if spec.place_on:
-                self.assignments[spec.place_on[i % len(spec.place_on)]].append(name)
+                broker = spec.place_on[i % len(spec.place_on)]
+                value = Assignment(self.now).to_dict()
+                self.store.txn([], [meta, *claim_ops(broker, name, value)])
             else:
-                self.pending.append(name)
+                marker = Put(keys.unassigned(name), UnassignedMarker(timestamp=self.now).to_dict())
+                self.store.txn([], [meta, marker])
 
     def _grow(self, spec: GrowSpec) -> None:
         names = sorted(t for t in self.topics if spec.prefix is None or spec.prefix in t)
@@ -181,100 +207,109 @@ class Simulator:
         if event.grow_topics is not None:
             self._grow(event.grow_topics)
         if event.drain_broker is not None:
-            self.states[event.drain_broker] = BrokerState(BrokerMode.DRAINING, "scenario")
+            state = BrokerState(BrokerMode.DRAINING, "scenario")
+            self.store.put(keys.broker_state(event.drain_broker), state.to_dict())
         if event.kill_broker is not None:
-            self._fail_over(event.kill_broker)
+            dead = event.kill_broker
+            # The registration and the load report go with the lease.
+            self.store.delete(keys.register(dead))
+            self.store.delete(keys.load(dead))
+            del self.brokers[dead], self.states[dead], self.assignments[dead]
 
-    def _fail_over(self, dead: BrokerId) -> None:
-        plan = plan_failover(
-            self.snapshot(),
-            dead,
-            self.lm.assignment_strategy,
-            self.last_chosen,
-            pulsar=self.lm.pulsar,
-        )
-        del self.brokers[dead], self.states[dead], self.assignments[dead]
-        for topic, placement in plan.placements:
-            if placement.broker is None:
-                self.pending.append(topic)
-                continue
-            self.assignments[placement.broker].append(topic)
-            self.result.failovers.append((self.now, topic, dead, placement.broker))
-        self.last_chosen = plan.last_chosen
+    def _publish_reports(self) -> None:
+        for broker in sorted(self.brokers):
+            # The report object itself: a simulated store has no wire to encode it for.
+            self.store.put(keys.load(broker), self._report(broker))
 
-    def _drain(self) -> None:
-        for broker, state in list(self.states.items()):
-            if state.mode is not BrokerMode.DRAINING:
-                continue
-            snap = self.snapshot()
-            topics = list(self.assignments[broker])
-            plan = place_topics(
-                snap,
-                self.lm.assignment_strategy,
-                [(t, None) for t in topics],
-                self.last_chosen,
-                pulsar=self.lm.pulsar,
-            )
-            for topic, placement in plan.placements:
-                if placement.broker is None or placement.broker == broker:
+    # --- the brokers' side: serve what is assigned, seal what is taken away -------------
+
+    def _brokers_react(self) -> None:
+        """Apply the store's changes the brokers have not seen yet (their own included)."""
+        while self._reacted < len(self.store.events):
+            event = self.store.events[self._reacted]
+            self._reacted += 1
+            key = event.key
+            if key.startswith(keys.BROKERS_PREFIX) and not keys.is_broker_state_key(key):
+                broker, name = keys.parse_assignment_key(key)
+                topic = str(name)
+                if broker not in self.brokers:
                     continue
-                self.assignments[broker].remove(topic)
-                self.assignments[placement.broker].append(topic)
-                self.result.drains.append((self.now, topic, broker, placement.broker))
-            self.last_chosen = plan.last_chosen
-            if not self.assignments[broker]:
-                self.states[broker] = BrokerState(BrokerMode.DRAINED, "scenario")
+                if event.kind == "put" and topic not in self.assignments[broker]:
+                    self.assignments[broker].append(topic)
+                    self._record(topic, broker, event.value)
+                elif event.kind == "delete" and topic in self.assignments[broker]:
+                    self.assignments[broker].remove(topic)
+                    self._seal(topic, broker)
+            elif keys.is_broker_state_key(key) and event.kind == "put":
+                broker = keys.parse_broker_state_key(key)
+                if broker in self.states and isinstance(event.value, dict):
+                    self.states[broker] = BrokerState.from_dict(event.value)
 
-    def _place_pending(self) -> None:
-        if not self.pending:
+    def _record(self, topic: str, broker: BrokerId, value: object) -> None:
+        try:
+            _, marker = parse_assignment_value(value)
+        except ModelError:
             return
-        plan = place_topics(
-            self.snapshot(),
-            self.lm.assignment_strategy,
-            [(t, None) for t in self.pending],
-            self.last_chosen,
-            pulsar=self.lm.pulsar,
-        )
-        self.pending = []
-        for topic, placement in plan.placements:
-            if placement.broker is None:
-                self.pending.append(topic)
-            else:
-                self.assignments[placement.broker].append(topic)
-        self.last_chosen = plan.last_chosen
-
-    def _split(self) -> None:
-        """Pulsar's automatic bundle split (placement by bundle); split topics re-placed."""
-        if self.lm.placement_unit is not PlacementUnit.BUNDLE:
+        if marker is None or marker.from_broker is None:
             return
-        out = auto_split(self.snapshot(), self.lm.pulsar)
-        self.layouts.update(out.layouts)
-        self.result.rules["bundle-split"] += sum(1 for r in out.results if r.positions)
-        for topic, broker in out.unload:
-            self.assignments[broker].remove(topic)
-            self.pending.append(topic)
+        row = (self.now, topic, marker.from_broker, broker)
+        if marker.reason is MarkerReason.FAILOVER:
+            self.result.failovers.append(row)
+        elif marker.reason in (MarkerReason.UNLOAD, MarkerReason.DRAIN_REDIRECT):
+            self.result.drains.append(row)
 
-    def _rebalance(self) -> str:
-        snap = self.snapshot()
-        d = decide_rebalance(
-            snap,
-            self.history,
-            self.now,
-            self.lm.rebalancing,
-            self.lm.assignment_strategy,
-            self.episode,
-            pulsar=self.lm.pulsar,
-            shedder_state=self.shedder_state,
-        )
-        self.episode = d.episode
-        self.shedder_state = dict(d.shedder_state) if d.shedder_state else None
-        self.result.rules[d.rule] += 1
-        for m in d.moves or ((d.move,) if d.move is not None else ()):
-            self.assignments[m.from_broker].remove(m.topic)
-            self.assignments[m.to_broker].append(m.topic)
-            self.history = self.history.add(m)
-            self.result.moves.append(m)
-        return d.rule
+    def _seal(self, topic: str, broker: BrokerId) -> None:
+        """The source has sealed at once: mark the move's marker ready."""
+        kv = self.store.get(keys.unassigned(topic))
+        if kv is None:
+            return
+        marker = UnassignedMarker.from_dict(kv.value)
+        if marker.from_broker == broker and not marker.ready:
+            self.store.put(keys.unassigned(topic), replace(marker, ready=True).to_dict())
+
+    # --- the leader ---------------------------------------------------------------------
+
+    def _step(self, event: MachineEvent) -> None:
+        """Step the machine and perform its writes on the store (outcomes fed back)."""
+        self.inputs.append(event)
+        ready = self.machine.step(event)
+        self._observe(drive(self.machine, self.store, ready, self.now, inputs=self.inputs))
+
+    def _pump(self, event: MachineEvent | None = None) -> None:
+        """Feed `event`, then deliver the store's changes to the brokers and the leader
+        (as its watch would) until the cluster is quiet."""
+        if event is not None:
+            self._step(event)
+        while True:
+            self._brokers_react()
+            if self._watched == len(self.store.events):
+                return
+            pending = tuple(self.store.events[self._watched :])
+            self._watched = len(self.store.events)
+            self._step(Watched(pending, self.now))
+
+    @property
+    def layouts(self) -> dict[str, NamespaceBundles]:
+        """The bundle layouts stored so far (namespaces the leader has split)."""
+        out: dict[str, NamespaceBundles] = {}
+        for kv in self.store.listing(keys.BUNDLES_PREFIX).items:
+            try:
+                out[keys.parse_bundles_key(kv.key)] = NamespaceBundles.from_dict(kv.value)
+            except (BundleError, ValueError):
+                continue
+        return out
+
+    def _observe(self, readies: list[Ready]) -> None:
+        self.outputs += readies
+        for ready in readies:
+            splits = sum(m.value for m in ready.metrics if m.name == "bundle_splits")
+            if splits:
+                self.result.rules["bundle-split"] += int(splits)
+            if any(m.name == "checks" for m in ready.metrics):
+                self._checks += 1
+                decision = self.machine.last_decision
+                rule = decision.rule if decision is not None else "in-flight"
+                self.result.rules[rule] += 1
 
     def _sample(self, rule: str) -> None:
         snap = self.snapshot()
@@ -283,7 +318,7 @@ class Simulator:
             Sample(
                 t=self.now - EPOCH,
                 cv=measure(scores).cv,
-                moves=len(self.result.moves),
+                moves=len(self.machine.history.moves),
                 scores=scores,
                 topics={b: len(self.assignments[b]) for b in sorted(self.brokers)},
                 rule=rule,
@@ -297,19 +332,27 @@ class Simulator:
             self._add_broker(b)
         for t in sc.topics:
             self._create_topics(t)
-        self._place_pending()
+        self._brokers_react()
+        self._publish_reports()
+        self._watched = len(self.store.events)  # the listing covers them
+        cluster = self.store.listing(keys.CLUSTER_PREFIX)
+        topics = self.store.listing(keys.TOPICS_PREFIX)
+        self._pump(Bootstrap(cluster, topics, self.now))
         self.result.initial_topics = {b: len(ts) for b, ts in sorted(self.assignments.items())}
         events = sorted(sc.events, key=lambda e: e.at)
         end = EPOCH + sc.duration_hours * 3600
         next_sample = EPOCH
         rule = "start"
         while self.now <= end:
+            checks = self._checks  # a check may come with the reports' watch events too
             while events and EPOCH + events[0].at <= self.now:
                 self._apply(events.pop(0))
-            self._drain()
-            self._split()
-            self._place_pending()
-            rule = self._rebalance()
+            self._publish_reports()
+            self._pump()
+            self._pump(Tick(self.now))
+            if self._checks > checks:
+                decision = self.machine.last_decision
+                rule = decision.rule if decision is not None else "in-flight"
             if self.now >= next_sample:
                 self._sample(rule)
                 next_sample += sc.sample_every_seconds
@@ -319,6 +362,7 @@ class Simulator:
         if self.result.samples[-1].t != self.now - sc.step - EPOCH:
             self.now -= sc.step
             self._sample(rule)
+        self.result.moves = list(self.machine.history.moves)
         self.result.final_topics = {b: len(ts) for b, ts in sorted(self.assignments.items())}
         return self.result
 

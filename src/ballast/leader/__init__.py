@@ -1,0 +1,38 @@
+"""The leader's policy as a pure state machine: events in, ordered effects out.
+
+`LeaderMachine.step(event) -> Ready`; the live leader (`cluster.load_manager`), the
+simulator (`simulate.engine`) and the scripted tests (`tests/leader/testdata`) drive it.
+"""
+
+from ballast.leader.effects import (
+    Bootstrap,
+    Event,
+    HistoryRecord,
+    LogLine,
+    MetricDelta,
+    PostRankings,
+    Ready,
+    Refreshed,
+    Tick,
+    Watched,
+    Write,
+    WriteDone,
+)
+from ballast.leader.machine import LeaderMachine, effects_text
+
+__all__ = [
+    "Bootstrap",
+    "Event",
+    "HistoryRecord",
+    "LeaderMachine",
+    "LogLine",
+    "MetricDelta",
+    "PostRankings",
+    "Ready",
+    "Refreshed",
+    "Tick",
+    "Watched",
+    "Write",
+    "WriteDone",
+    "effects_text",
+]

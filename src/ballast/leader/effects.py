@@ -1,0 +1,167 @@
+"""What the leader state machine is fed (events) and what it asks for (effects).
+
+Everything here is a frozen value: the machine never awaits, reads a clock or touches the
+store; the shell (`cluster.load_manager.LeaderSession`, the simulator, a scripted test)
+performs the effects of a `Ready` in the order of its fields and feeds every write's
+outcome back as a `WriteDone`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ballast.metadata import Compare, Delete, Listing, Put, WatchEvent
+from ballast.model import BrokerMode, LoadReport
+
+# -- events ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """The listings of ``/cluster/`` and ``/topics/`` a term starts from."""
+
+    cluster: Listing
+    topics: Listing
+    now: float
+
+
+@dataclass(frozen=True)
+class Watched:
+    """Watch events (both prefixes), in the order the store delivered them."""
+
+    events: tuple[WatchEvent, ...]
+    now: float
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passed: rebalancing checks, rankings, seal timeouts are due on ticks."""
+
+    now: float
+
+
+@dataclass(frozen=True)
+class Refreshed:
+    """One key as read again after a failed write (`present` False: the key is absent)."""
+
+    key: str
+    value: Any = None
+    mod_revision: int = 0
+    present: bool = True
+    undecodable: bool = False
+
+
+@dataclass(frozen=True)
+class WriteDone:
+    """The outcome of `Write` `id`. A failure carries the written and compared keys as they
+    are now (the fence held: a lost fence ends the term in the shell, not here)."""
+
+    id: int
+    succeeded: bool
+    revision: int
+    now: float
+    refreshed: tuple[Refreshed, ...] = ()
+
+
+Event = Bootstrap | Watched | Tick | WriteDone
+
+# -- effects -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Write:
+    """A transaction; the shell adds the term's fence to `compares` and performs it."""
+
+    id: int
+    compares: tuple[Compare, ...]
+    ops: tuple[Put | Delete, ...]
+    what: str
+
+    def touched_keys(self) -> tuple[str, ...]:
+        """The keys to read again if the write fails (written, then compared)."""
+        return tuple(dict.fromkeys([*(op.key for op in self.ops), *(c.key for c in self.compares)]))
+
+
+@dataclass(frozen=True)
+class PostRankings:
+    """Rankings and balance statistics to post (fenced) at ``/cluster/load_balance``."""
+
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class HistoryRecord:
+    """A load report to append to the load-history sink (the data pipeline's input)."""
+
+    report: LoadReport
+    mode: BrokerMode
+
+
+@dataclass(frozen=True)
+class MetricDelta:
+    """A metric to change: `inc` a counter (by `value`) or `observe` a histogram."""
+
+    name: str
+    value: float = 1.0
+    labels: tuple[tuple[str, str], ...] = ()
+    kind: Literal["inc", "observe", "balance"] = "inc"
+    extra: Any = None
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """A log line; `note` lines are also control-plane events an operator sees."""
+
+    message: str
+    level: int = logging.INFO
+    note: bool = False
+
+
+@dataclass(frozen=True)
+class Ready:
+    """Effects to perform, in this order: writes (each outcome fed back), rankings,
+    history records, metrics, log lines."""
+
+    writes: tuple[Write, ...] = ()
+    rankings: PostRankings | None = None
+    history: tuple[HistoryRecord, ...] = ()
+    metrics: tuple[MetricDelta, ...] = ()
+    logs: tuple[LogLine, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.writes or self.rankings or self.history or self.metrics or self.logs)
+
+
+@dataclass
+class Collector:
+    """Mutable builder of one `Ready` (internal to a step)."""
+
+    writes: list[Write] = field(default_factory=list)
+    rankings: PostRankings | None = None
+    history: list[HistoryRecord] = field(default_factory=list)
+    metrics: list[MetricDelta] = field(default_factory=list)
+    logs: list[LogLine] = field(default_factory=list)
+
+    def metric(self, name: str, value: float = 1.0, **labels: str) -> None:
+        self.metrics.append(MetricDelta(name, value, tuple(sorted(labels.items()))))
+
+    def reject(self, kind: str) -> None:
+        self.metric("rejected", kind=kind)
+
+    def log(self, message: str, level: int = logging.INFO) -> None:
+        self.logs.append(LogLine(message, level))
+
+    def note(self, message: str) -> None:
+        self.logs.append(LogLine(message, logging.INFO, note=True))
+
+    def ready(self) -> Ready:
+        return Ready(
+            tuple(self.writes),
+            self.rankings,
+            tuple(self.history),
+            tuple(self.metrics),
+            tuple(self.logs),
+        )

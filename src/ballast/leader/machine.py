@@ -1,0 +1,1025 @@
+"""`LeaderMachine`: the leader's policy as a synchronous state machine.
+
+Fed `Bootstrap`, `Watched`, `Tick` and `WriteDone` events, `step()` returns a `Ready`:
+the writes to perform (each outcome is fed back), rankings to post, load-history records,
+metric deltas and log lines. It holds the view, the move history, the episode flag, the
+round-robin position and the estimates of its own moves; it never awaits, reads a clock
+or touches the store, so the live leader, the simulator and scripted tests drive the very
+same decisions.
+
+One round at a time: while writes are in flight the machine only records what it learns;
+once every outcome is back it decides again. A round is, in this order:
+
+1. repairs of undecodable values under ``/cluster/``;
+2. failover: a broker without registration that still owns topics is dead; its topics are
+   reassigned directly (`plan_failover`, levelled), several per transaction;
+3. release: a marker waiting for a seal from a source that is gone becomes ready;
+4. seal timeout: a marker whose (living) source has not sealed within
+   `seal_timeout_seconds` is made ready and recorded as forced, with the reason;
+5. drain: a draining broker's topics get ``unload`` markers (`plan_drain`); once it owns
+   nothing and nothing waits for its seal, it is ``drained``;
+6. ownership records: an assignment without its record gets one; a record without its
+   assignment is removed (both come only from tools that predate the record);
+7. unloads of split bundles (Pulsar, `auto_unload_split_bundles_enabled`): the topics of
+   a bundle this leader has split get ``unload`` markers, so placement spreads the halves;
+8. placement (only when steps 2-7 wrote nothing): every ready marker is placed
+   (`place_topics`) by transactions that write the assignment and the ownership record
+   and delete the marker; markers of deleted topics and of owned topics are dropped;
+9. rebalancing, when a check is due and nothing else was written: with
+   `placement_unit: bundle`, Pulsar's automatic bundle split first (a split writes the new
+   layout to ``/cluster/bundles/{ns}`` and the check ends there); then `decide_rebalance`
+   (Danube's CV rule or the configured Pulsar shedder, whose smoothed usage the machine
+   keeps between checks); every move of the decision is written, within the rate limits.
+
+With `placement_unit: bundle`, every snapshot carries the namespaces' bundle layouts (the
+stored ``/cluster/bundles/`` records, Pulsar's default layout for the others), so
+placement, failover and the shedders keep a bundle's topics on one broker.
+
+Every write carries compares on what the decision read; "never two owners" costs ONE
+compare per topic (its ownership record is absent), whatever the number of brokers. A
+failed write is dropped: its keys come back read again, and the next round decides from
+that fresh state.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ballast.balance import (
+    Decision,
+    MoveHistory,
+    decide_rebalance,
+    measure,
+    place_topics,
+    plan_drain,
+    plan_failover,
+    rank,
+)
+from ballast.balance.bundles import NamespaceBundles
+from ballast.balance.estimate import apply_move
+from ballast.balance.shedding import auto_split, prepare_snapshot
+from ballast.balance.smoothing import smooth_report
+from ballast.config import BallastConfig, PlacementUnit, RebalancingPolicy
+from ballast.leader.effects import (
+    Bootstrap,
+    Collector,
+    Event,
+    HistoryRecord,
+    MetricDelta,
+    PostRankings,
+    Ready,
+    Refreshed,
+    Tick,
+    Watched,
+    Write,
+    WriteDone,
+)
+from ballast.leader.records import assignment_value, claim_ops, owner_value, release_ops
+from ballast.leader.view import BadRecord, ClusterView, RecordKind, classify
+from ballast.metadata import Compare, Delete, Put, WatchEvent, keys
+from ballast.model import (
+    Assignment,
+    BrokerId,
+    BrokerMode,
+    BrokerState,
+    ClusterSnapshot,
+    LoadReport,
+    MarkerReason,
+    Move,
+    UnassignedMarker,
+)
+
+# etcd refuses a transaction with more than 128 compares, or 128 operations in a branch
+# (its default --max-txn-ops). Per topic: failover 1 compare (+1 per distinct target) and
+# 3 puts/deletes; drain and moves 1 compare and 3 ops; placement 3 compares (+1 per
+# distinct target) and 3 ops. 40 / 25 topics keep every branch below the limit.
+TOPICS_PER_TXN = 40
+PLACEMENTS_PER_TXN = 25
+# A round fails over at most this many topics of one dead broker (the rest next round, so
+# one step never blocks the shell's event loop for long; each round levels the survivors
+# as they are then, so the result is levelled all the same).
+FAILOVER_TOPICS_PER_ROUND = 400
+MAX_TXN_OPS = 128
+# A marker whose topic metadata has not been seen waits this long for the ``/topics/``
+# watch to catch up before the leader tries to drop it (the drop is guarded anyway).
+META_GRACE_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """What a write in flight was for (its bookkeeping on success)."""
+
+    kind: str
+    data: Any = None
+
+
+def _classify_quietly(key: str) -> tuple[RecordKind, BrokerId | None, str | None]:
+    try:
+        return classify(key)
+    except BadRecord:
+        return RecordKind.OTHER, None, None
+
+
+class LeaderMachine:
+    """One term of leadership as a pure state machine (see the module docstring)."""
+
+    def __init__(
+        self,
+        leader: BrokerId,
+        term: int,
+        config: BallastConfig,
+        *,
+        rankings_interval: float = 0.1,
+    ) -> None:
+        self.leader = leader
+        self.term = term
+        self.config = config
+        self.rebalancing = config.load_manager.rebalancing
+        self.strategy = config.load_manager.assignment_strategy
+        self.pulsar = config.load_manager.pulsar
+        self.by_bundle = config.load_manager.placement_unit is PlacementUnit.BUNDLE
+        self.shedding = self.rebalancing.policy is not RebalancingPolicy.DANUBE
+        # A Pulsar shedder's smoothed usage per broker (ThresholdShedder's EWMA), passed
+        # back to the next check like `episode`.
+        self.shedder_state: dict[BrokerId, float] | None = None
+        # Topics of bundles this leader split, to unload so that placement spreads them.
+        self._split_unloads: list[tuple[str, BrokerId]] = []
+        self.rankings_interval = rankings_interval
+        self.view = ClusterView()
+        self.history = MoveHistory()
+        self.episode = False
+        self.last_chosen: BrokerId | None = None
+        self.last_decision: Decision | None = None
+        self.bootstrapped = False
+        self._ids = itertools.count(1)
+        self._seq = itertools.count()
+        self._inflight: dict[int, _Pending] = {}
+        self._writes: dict[int, Write] = {}
+        self._dirty = False
+        self._reports_dirty = False
+        self._next_check = 0.0
+        self._next_rankings = 0.0
+        self._repairs: dict[str, int] = {}
+        self._unknown_hints: set[tuple[str, int]] = set()
+        self._stuck: set[str] = set()
+        self._last_rule = ""
+        self._opaque_topics: set[str] = set()  # metadata present but undecodable
+        self._topics_revision = 0  # how far the ``/topics/`` stream has been seen
+        self._meta_wait: dict[str, float] = {}  # topic -> since when its marker waits
+        self._ownership_check: set[str] = set()  # topics whose records changed
+        self._smoothed: dict[BrokerId, LoadReport] = {}
+        # Estimated reports after our own moves (the core's `apply_move`), kept until a
+        # broker's real report shows the move: {broker: (report, {topic: present}, since)}.
+        self._estimates: dict[BrokerId, tuple[LoadReport, dict[str, bool], float]] = {}
+
+    # -- the one entry point -------------------------------------------------------------
+
+    def step(self, event: Event) -> Ready:
+        """Apply one event; return the effects to perform, in order."""
+        out = Collector()
+        if isinstance(event, Bootstrap):
+            self._bootstrap(event, out)
+        elif isinstance(event, Watched):
+            for watched in event.events:
+                self._on_event(watched, event.now, out)
+        elif isinstance(event, WriteDone):
+            self._on_write_done(event, out)
+        elif isinstance(event, Tick):
+            self._on_tick(event.now)
+        self._act(event.now, out)
+        return out.ready()
+
+    @property
+    def in_flight(self) -> int:
+        """Writes asked for whose outcome has not been fed back yet."""
+        return len(self._inflight)
+
+    # -- learning ------------------------------------------------------------------------
+
+    def _bootstrap(self, event: Bootstrap, out: Collector) -> None:
+        for bad in self.view.load(event.cluster, event.topics):
+            self._rejected(bad, out)
+        for error in event.topics.undecodable:
+            kind, _, topic = _classify_quietly(error.key)
+            if kind is RecordKind.TOPIC and topic is not None:
+                # Not ours to repair; the topic exists (its age is unknown: old enough).
+                self._opaque_topics.add(topic)
+                out.reject(kind)
+                out.log(str(error), logging.WARNING)
+        for error in event.cluster.undecodable:
+            kind, _, _ = _classify_quietly(error.key)
+            out.reject(kind)
+            out.log(str(error), logging.WARNING)
+            self._repairs[error.key] = 0
+        self._topics_revision = event.topics.revision
+        self.history = MoveHistory.of(self.view.moves.values())
+        for broker, report in self.view.reports.items():
+            self._smoothed[broker] = report
+        for broker in list(self.view.reports):
+            if broker not in self.view.registrations:
+                self._forget_report(broker)
+        out.note(
+            f"bootstrapped: {len(self.view.registrations)} brokers, "
+            f"{len(self.view.owners)} assigned topics, {len(self.view.markers)} markers, "
+            f"{len(self.history.moves)} moves in history"
+        )
+        self._ownership_check = set(self.view.owners) | set(self.view.owner_records)
+        self.bootstrapped = True
+        self._dirty = True
+        self._reports_dirty = True
+        self._next_check = event.now + self.rebalancing.check_interval_seconds
+
+    def _on_event(self, event: WatchEvent, now: float, out: Collector) -> None:
+        kind, broker, topic = _classify_quietly(event.key)
+        if kind is RecordKind.TOPIC or event.key.startswith(keys.TOPICS_PREFIX):
+            self._topics_revision = max(self._topics_revision, event.revision)
+        if event.kind == "error":
+            out.reject(kind)
+            out.log(str(event.error), logging.WARNING)
+            if kind in (RecordKind.MARKER, RecordKind.ASSIGNMENT, RecordKind.STATE):
+                self._repairs[event.key] = event.revision
+                self._dirty = True
+            if kind is RecordKind.TOPIC and topic is not None:
+                self._opaque_topics.add(topic)
+            return
+        if event.kind not in ("put", "delete"):
+            return
+        unknown = broker is not None and broker not in self.view.registrations
+        if kind is RecordKind.LOAD and event.kind == "put" and unknown:
+            out.reject("unknown_broker")
+            out.log(f"load report from unknown broker {broker!r} ignored", logging.WARNING)
+            return
+        try:
+            change = self.view.apply(event.kind, event.key, event.value, event.revision)
+        except BadRecord as bad:
+            self._rejected(bad, out)
+            return
+        if change is None:
+            return
+        if change.kind is RecordKind.LOAD:
+            if not change.deleted and change.broker is not None:
+                self._on_report(change.broker, now, out)
+            self._reports_dirty = True
+        elif change.kind in (
+            RecordKind.REGISTRATION,
+            RecordKind.STATE,
+            RecordKind.ASSIGNMENT,
+            RecordKind.MARKER,
+            RecordKind.OWNER,
+        ):
+            self._dirty = True
+            if change.kind in (RecordKind.ASSIGNMENT, RecordKind.OWNER) and change.topic:
+                self._ownership_check.add(change.topic)
+            if change.kind in (RecordKind.REGISTRATION, RecordKind.STATE):
+                self._reports_dirty = True
+        elif change.kind is RecordKind.HISTORY:
+            self.history = MoveHistory.of(self.view.moves.values())
+        elif change.kind is RecordKind.TOPIC:
+            if change.topic is not None:
+                self._opaque_topics.discard(change.topic)
+            self._dirty = True
+        elif change.kind is RecordKind.BUNDLES:
+            self._dirty = True  # markers waiting are placed by the new layout
+
+    def _on_report(self, broker: BrokerId, now: float, out: Collector) -> None:
+        report = self.view.reports[broker]
+        self._smoothed[broker] = smooth_report(
+            self._smoothed.get(broker), report, self.rebalancing.smoothing_weight
+        )
+        out.history.append(HistoryRecord(report, self.view.state(broker).mode))
+        self._retire_estimate(broker, now)
+
+    def _on_tick(self, now: float) -> None:
+        timeout = self.rebalancing.seal_timeout_seconds
+        for pending in self.view.markers.values():
+            marker = pending.marker
+            if not marker.ready and now - marker.timestamp >= timeout:
+                self._dirty = True
+                return
+        if self._meta_wait and any(
+            now - since >= META_GRACE_SECONDS for since in self._meta_wait.values()
+        ):
+            self._dirty = True
+
+    def _on_write_done(self, done: WriteDone, out: Collector) -> None:
+        pending = self._inflight.pop(done.id, None)
+        write = self._writes.pop(done.id, None)
+        if pending is None or write is None:
+            out.log(f"outcome of unknown write {done.id} ignored", logging.WARNING)
+            return
+        if done.succeeded:
+            for op in write.ops:
+                value = op.value if isinstance(op, Put) else None
+                try:
+                    self.view.apply(
+                        "put" if isinstance(op, Put) else "delete", op.key, value, done.revision
+                    )
+                except BadRecord as bad:  # our own value: a bug, but never fatal
+                    self._rejected(bad, out)
+            self._succeeded(pending, done.now, out)
+        else:
+            out.metric("fence_failures")
+            out.log(f"{write.what}: state changed underneath; deciding again")
+            for fresh in done.refreshed:
+                self._refresh(fresh, out)
+            if pending.kind == "move":
+                out.metric("failures")
+        self._dirty = True
+
+    def _refresh(self, fresh: Refreshed, out: Collector) -> None:
+        if fresh.key == keys.LEADER:
+            return
+        kind, _, topic = _classify_quietly(fresh.key)
+        if fresh.undecodable:
+            if kind is RecordKind.TOPIC and topic is not None:
+                self._opaque_topics.add(topic)
+            elif fresh.key.startswith(keys.CLUSTER_PREFIX):
+                self._repairs[fresh.key] = 0
+            return
+        try:
+            if not fresh.present:
+                # Unknown delete revision: just past what we knew, so later events apply.
+                self.view.apply("delete", fresh.key, None, self.view.revision_of(fresh.key) + 1)
+            else:
+                self.view.apply("put", fresh.key, fresh.value, fresh.mod_revision)
+                if kind is RecordKind.TOPIC and topic is not None:
+                    self._opaque_topics.discard(topic)
+            if kind in (RecordKind.ASSIGNMENT, RecordKind.OWNER) and topic is not None:
+                self._ownership_check.add(topic)
+        except BadRecord as bad:
+            self._rejected(bad, out)
+
+    def _rejected(self, bad: BadRecord, out: Collector) -> None:
+        out.reject(bad.kind)
+        out.log(f"rejected {bad}", logging.WARNING)
+
+    # -- estimates and snapshots ---------------------------------------------------------
+
+    def snapshot(
+        self, *, pending: bool = True, exclude: Collection[str] = (), raw: bool = False
+    ) -> ClusterSnapshot:
+        """The view's snapshot with smoothed reports (`raw`: the latest ones), estimates
+        where a move of ours is not reported yet, and, with `placement_unit: bundle`, the
+        namespaces' bundle layouts."""
+        snap = self.view.snapshot(pending=pending, exclude=exclude)
+        if raw:
+            reports = dict(snap.reports)
+        else:
+            reports = {b: self._smoothed.get(b, r) for b, r in snap.reports.items()}
+        for broker, (estimate, _, _) in self._estimates.items():
+            if broker in reports or broker in snap.brokers:
+                reports[broker] = estimate
+        snap = replace(snap, reports=reports)
+        if self.by_bundle:
+            snap = prepare_snapshot(snap, self.config.load_manager, self._layouts())
+        return snap
+
+    def _layouts(self) -> dict[str, NamespaceBundles]:
+        """The stored layouts, and Pulsar's default one for every other namespace the
+        leader knows a topic of (topics being placed included: they own nothing yet)."""
+        layouts = dict(self.view.bundles)
+        n = self.pulsar.default_number_of_namespace_bundles
+        for topic in itertools.chain(self.view.topics, self.view.markers, self.view.owners):
+            ns = topic.split("/", 2)[1]
+            if ns not in layouts:
+                layouts[ns] = NamespaceBundles.create(ns, n)
+        return layouts
+
+    def _estimate(self, after: ClusterSnapshot, move: Move, now: float) -> None:
+        for broker, present in ((move.from_broker, False), (move.to_broker, True)):
+            report = after.reports.get(broker)
+            if report is None:
+                continue
+            expected = dict(self._estimates[broker][1]) if broker in self._estimates else {}
+            expected[move.topic] = present
+            self._estimates[broker] = (report, expected, now)
+
+    def _retire_estimate(self, broker: BrokerId, now: float) -> None:
+        """Drop a broker's estimate once its real report shows every move (or is late)."""
+        entry = self._estimates.get(broker)
+        report = self.view.reports.get(broker)
+        if entry is None or report is None:
+            return
+        _, expected, since = entry
+        reported = {t.topic for t in report.topics}
+        shown = all((topic in reported) == present for topic, present in expected.items())
+        interval = self.config.load_manager.load_report_interval_seconds
+        if shown or now - since > 5 * interval:
+            del self._estimates[broker]
+            # The move changed the broker's load for real: readings from before it are
+            # history of another load, so smoothing starts again from this report.
+            self._smoothed[broker] = report
+
+    def _forget_report(self, broker: BrokerId) -> None:
+        self.view.forget_report(broker)
+        if broker not in self.view.registrations:
+            self._smoothed.pop(broker, None)
+            self._estimates.pop(broker, None)
+
+    # -- acting --------------------------------------------------------------------------
+
+    def _write(
+        self,
+        out: Collector,
+        compares: Iterable[Compare],
+        ops: Iterable[Put | Delete],
+        what: str,
+        kind: str,
+        data: Any = None,
+    ) -> None:
+        write = Write(next(self._ids), tuple(compares), tuple(ops), what)
+        self._writes[write.id] = write
+        self._inflight[write.id] = _Pending(kind, data)
+        out.writes.append(write)
+
+    def _act(self, now: float, out: Collector) -> None:
+        if not self.bootstrapped:
+            return
+        if not self._inflight:
+            if self._dirty:
+                self._dirty = False
+                self._reconcile(now, out)
+            if not out.writes and now >= self._next_check:
+                self._next_check = now + self.rebalancing.check_interval_seconds
+                self._rebalance(now, out)
+        if self._reports_dirty and now >= self._next_rankings:
+            self._reports_dirty = False
+            self._next_rankings = now + self.rankings_interval
+            out.rankings = PostRankings({"timestamp": now, **self.balance(out)})
+
+    def _reconcile(self, now: float, out: Collector) -> None:
+        for key, revision in sorted(self._repairs.items()):
+            self._repair(key, revision or None, now, out)
+        self._repairs.clear()
+        for broker in sorted(b for b in self.view.by_broker if b not in self.view.registrations):
+            self._failover(broker, now, out)
+        for broker in sorted(b for b in self.view.reports if b not in self.view.registrations):
+            if broker not in self.view.by_broker:
+                self._forget_report(broker)
+        self._release_seals(now, out)
+        for broker in self.view.brokers():
+            if self.view.state(broker).mode is BrokerMode.DRAINING:
+                self._drain(broker, now, out)
+        self._repair_ownership(now, out)
+        self._unload_split(now, out)
+        if not out.writes:
+            self._assign(now, out)
+
+    def _repair(self, key: str, revision: int | None, now: float, out: Collector) -> None:
+        """Replace an undecodable value under ``/cluster/`` so the leader can go on."""
+        kind, _, _ = _classify_quietly(key)
+        guard = (
+            Compare.present(key) if revision is None else Compare.mod_revision_equals(key, revision)
+        )
+        op: Put | Delete
+        if kind is RecordKind.MARKER:
+            op = Put(key, UnassignedMarker(timestamp=now).to_dict())
+        elif kind is RecordKind.ASSIGNMENT:
+            op = Put(key, Assignment(now).to_dict())
+        elif kind is RecordKind.STATE:
+            op = Put(
+                key, BrokerState(BrokerMode.ACTIVE, "repaired: the value was not JSON").to_dict()
+            )
+        elif kind is RecordKind.REGISTRATION or key == keys.LEADER:
+            return  # owned by a broker's lease / the election; never rewritten here
+        else:
+            op = Delete(key)
+        self._write(out, [guard], [op], f"repair {key}", "repair", (key, str(kind)))
+
+    def _failover(self, dead: BrokerId, now: float, out: Collector) -> None:
+        """Reassign a dead broker's topics to the survivors, levelled by the core."""
+        everything = self.view.topics_of(dead)
+        if not everything:
+            return
+        owned = {t: everything[t] for t in sorted(everything)[:FAILOVER_TOPICS_PER_ROUND]}
+        snap = self.snapshot(pending=True)
+        report = self.view.reports.get(dead)
+        snap = replace(
+            snap,
+            brokers=(*snap.brokers, dead),
+            assignments={**snap.assignments, dead: tuple(sorted(owned))},
+            reports={**snap.reports, **({dead: report} if report is not None else {})},
+        )
+        plan = plan_failover(snap, dead, self.strategy, self.last_chosen, now, self.pulsar)
+        self.last_chosen = plan.last_chosen
+        hints = dict(plan.placements)
+        topics = sorted(owned)
+        targets = {p.broker for p in hints.values() if p.broker is not None}
+        for start in range(0, len(topics), TOPICS_PER_TXN):
+            chunk = topics[start : start + TOPICS_PER_TXN]
+            compares = [Compare.absent(keys.register(dead))]
+            chunk_targets: set[BrokerId] = set()
+            ops: list[Put | Delete] = []
+            moved: list[tuple[str, BrokerId | None]] = []
+            for topic in chunk:
+                placement = hints.get(topic)
+                target = placement.broker if placement is not None else None
+                marker = UnassignedMarker(
+                    MarkerReason.FAILOVER,
+                    from_broker=dead,
+                    to_broker=target,
+                    timestamp=now,
+                    ready=True,
+                )
+                compares.append(
+                    Compare.mod_revision_equals(keys.broker_assignment(dead, topic), owned[topic])
+                )
+                ops.append(Delete(keys.broker_assignment(dead, topic)))
+                if target is None:
+                    # No survivor can take it: a marker waits for one.
+                    ops += [
+                        Delete(keys.topic_owner(topic)),
+                        Put(keys.unassigned(topic), marker.to_dict()),
+                    ]
+                else:
+                    value = assignment_value(Assignment(now, epoch=owned[topic]), marker)
+                    ops += claim_ops(target, topic, value)
+                    chunk_targets.add(target)
+                moved.append((topic, target))
+            compares += [Compare.present(keys.register(t)) for t in sorted(chunk_targets)]
+            self._write(out, compares, ops, f"failover of {dead}", "failover", (dead, tuple(moved)))
+        left = len(everything) - len(owned)
+        out.note(
+            f"[failover] {dead} is gone: reassigning {len(topics)} topic(s) to "
+            f"{len(targets)} survivor(s)" + (f", {left} more next round" if left else "")
+        )
+        if not left:
+            out.metric("failovers")
+
+    def _release_seals(self, now: float, out: Collector) -> None:
+        """Markers waiting for a seal: released when the source is gone, forced when it has
+        not sealed within `seal_timeout_seconds`."""
+        timeout = self.rebalancing.seal_timeout_seconds
+        for topic, pending in sorted(self.view.markers.items()):
+            marker = pending.marker
+            if marker.ready:
+                continue
+            source = marker.from_broker
+            compares = [Compare.mod_revision_equals(keys.unassigned(topic), pending.revision)]
+            if source is None or source not in self.view.registrations:
+                if source is not None:
+                    compares.append(Compare.absent(keys.register(source)))
+                ready = replace(marker, ready=True)
+                self._write(
+                    out,
+                    compares,
+                    [Put(keys.unassigned(topic), ready.to_dict())],
+                    f"release {topic}",
+                    "release",
+                    (topic, source),
+                )
+            elif now - marker.timestamp >= timeout:
+                why = (
+                    f"[seal-timeout] {source} did not seal {topic} within {timeout:.0f}s "
+                    f"({marker.reason.value} to {marker.to_broker or 'any broker'})"
+                )
+                forced = replace(marker, ready=True, forced=why)
+                self._write(
+                    out,
+                    compares,
+                    [Put(keys.unassigned(topic), forced.to_dict())],
+                    f"force {topic}",
+                    "forced",
+                    why,
+                )
+
+    def _drain(self, broker: BrokerId, now: float, out: Collector) -> None:
+        """Unload a draining broker's topics; mark it drained once nothing is left."""
+        owned = dict(self.view.topics_of(broker))
+        if owned:
+            markers = plan_drain(self.view.snapshot(pending=False), broker, now)
+            chunks = [m for m in markers if m[0] in owned]
+            for start in range(0, len(chunks), TOPICS_PER_TXN):
+                chunk = chunks[start : start + TOPICS_PER_TXN]
+                compares = [
+                    Compare.mod_revision_equals(keys.broker_assignment(broker, t), owned[t])
+                    for t, _ in chunk
+                ]
+                ops: list[Put | Delete] = []
+                for topic, marker in chunk:
+                    ops += [
+                        *release_ops(broker, topic),
+                        Put(keys.unassigned(topic), marker.to_dict()),
+                    ]
+                self._write(out, compares, ops, f"drain of {broker}", "drain", (broker, len(chunk)))
+            return
+        sealing = any(
+            p.marker.from_broker == broker and not p.marker.ready
+            for p in self.view.markers.values()
+        )
+        if sealing:
+            return  # still sealing: drained means nothing of it is left anywhere
+        state_key = keys.broker_state(broker)
+        revision = self.view.state_revisions.get(broker, 0)
+        drained = BrokerState(BrokerMode.DRAINED, "drained: every topic moved away")
+        self._write(
+            out,
+            [Compare.mod_revision_equals(state_key, revision)],
+            [Put(state_key, drained.to_dict())],
+            f"drained {broker}",
+            "drained",
+            broker,
+        )
+
+    def _repair_ownership(self, now: float, out: Collector) -> None:
+        """Ownership records out of step with assignments (written by older tools).
+
+        Only topics whose assignment or record changed since the last round are checked.
+        """
+        view = self.view
+        check, self._ownership_check = self._ownership_check, set()
+        for topic in sorted(check):
+            owners = view.owners.get(topic, {})
+            record = view.owner_records.get(topic)
+            if record is None and len(owners) == 1:
+                ((broker, revision),) = owners.items()
+                self._write(
+                    out,
+                    [
+                        Compare.absent(keys.topic_owner(topic)),
+                        Compare.mod_revision_equals(
+                            keys.broker_assignment(broker, topic), revision
+                        ),
+                    ],
+                    [Put(keys.topic_owner(topic), owner_value(broker))],
+                    f"record the owner of {topic}",
+                    "ownership",
+                )
+            elif record is not None and record[0] not in owners:
+                broker, revision = record
+                self._write(
+                    out,
+                    [
+                        Compare.mod_revision_equals(keys.topic_owner(topic), revision),
+                        Compare.absent(keys.broker_assignment(broker, topic)),
+                    ],
+                    [Delete(keys.topic_owner(topic))],
+                    f"remove the stale owner record of {topic}",
+                    "ownership",
+                )
+
+    def _unload_split(self, now: float, out: Collector) -> None:
+        """Unload the topics of bundles this leader split (each still on the broker it was
+        on at the split), so that placement spreads the new bundles."""
+        todo, self._split_unloads = self._split_unloads, []
+        owned = [(t, b, r) for t, b in todo if (r := self.view.topics_of(b).get(t)) is not None]
+        for start in range(0, len(owned), TOPICS_PER_TXN):
+            chunk = owned[start : start + TOPICS_PER_TXN]
+            ops: list[Put | Delete] = []
+            for topic, broker, _ in chunk:
+                marker = UnassignedMarker(
+                    MarkerReason.UNLOAD, from_broker=broker, timestamp=now, ready=False
+                )
+                ops += [*release_ops(broker, topic), Put(keys.unassigned(topic), marker.to_dict())]
+            self._write(
+                out,
+                [Compare.mod_revision_equals(keys.broker_assignment(b, t), r) for t, b, r in chunk],
+                ops,
+                f"unload split bundle topics {chunk[0][0]}"
+                + (f" (+{len(chunk) - 1})" if len(chunk) > 1 else ""),
+                "split-unload",
+                tuple((t, b) for t, b, _ in chunk),
+            )
+
+    def _split(self, now: float, out: Collector) -> bool:
+        """Pulsar's automatic bundle split (`auto_split`): write every namespace's new
+        layout (compare on the stored one); True if anything was split."""
+        if not self.by_bundle or not self.pulsar.auto_bundle_split_enabled:
+            return False
+        snap = self.snapshot(pending=False)
+        split = auto_split(snap, self.pulsar)
+        if not split.results:
+            return False
+        unload: dict[str, list[tuple[str, BrokerId]]] = {}
+        for topic, broker in split.unload:
+            unload.setdefault(topic.split("/", 2)[1], []).append((topic, broker))
+        wrote = False
+        for ns, layout in sorted(split.layouts.items()):
+            if tuple(snap.bundle_boundaries.get(ns, ())) == layout.boundaries:
+                continue
+            key = keys.namespace_bundles(ns)
+            revision = self.view.revision_of(key) if ns in self.view.bundles else 0
+            guard = Compare.mod_revision_equals(key, revision) if revision else Compare.absent(key)
+            why = [
+                f"{s.name}: {', '.join(s.exceeded)}" for s in split.plan.splits if s.namespace == ns
+            ]
+            added = len(layout) - (len(snap.bundle_boundaries[ns]) - 1)
+            self._write(
+                out,
+                [guard],
+                [Put(key, layout.to_dict())],
+                f"split bundles of {ns}",
+                "split",
+                (ns, added, tuple(unload.get(ns, ())), tuple(why)),
+            )
+            wrote = True
+        return wrote
+
+    def _assign(self, now: float, out: Collector) -> None:
+        """Place every ready marker: a few topics per transaction (assignment, ownership
+        record and marker delete), guarded by one ownership compare per topic."""
+        batch: list[tuple[str, int, UnassignedMarker]] = []
+        view = self.view
+        for topic in [t for t in self._meta_wait if t not in view.markers]:
+            del self._meta_wait[topic]  # the marker went away by other hands
+        for topic, pending in sorted(view.markers.items(), key=lambda e: (e[1].revision, e[0])):
+            if not pending.marker.ready:
+                continue
+            owner = view.owner(topic)
+            if owner is not None:
+                self._drop_marker(
+                    topic,
+                    pending.revision,
+                    "marker_assigned_topic",
+                    f"{topic} is already owned by {owner}",
+                    [Compare.present(keys.broker_assignment(owner, topic))],
+                    out,
+                )
+                continue
+            if topic not in view.topics and topic not in self._opaque_topics:
+                since = self._meta_wait.setdefault(topic, now)
+                if pending.revision <= self._topics_revision or now - since >= META_GRACE_SECONDS:
+                    self._drop_marker(
+                        topic,
+                        pending.revision,
+                        "marker_unknown_topic",
+                        f"{topic} has no metadata (deleted or never created)",
+                        [Compare.absent(keys.topic_meta(topic))],
+                        out,
+                    )
+                continue  # the ``/topics/`` watch has not caught up yet: wait for it
+            self._meta_wait.pop(topic, None)
+            hint = pending.marker.to_broker
+            if hint is not None and hint not in view.registrations:
+                mark = (topic, pending.revision)
+                if mark not in self._unknown_hints:
+                    self._unknown_hints.add(mark)
+                    out.reject("unknown_broker")
+                    out.log(
+                        f"{topic}: hint to_broker {hint!r} is not a registered broker; "
+                        "placing elsewhere",
+                        logging.WARNING,
+                    )
+            batch.append((topic, pending.revision, pending.marker))
+        if not batch:
+            return
+        snapshot = self.snapshot(exclude={t for t, _, _ in batch})
+        plan = place_topics(
+            snapshot, self.strategy, [(t, m) for t, _, m in batch], self.last_chosen, self.pulsar
+        )
+        self.last_chosen = plan.last_chosen
+        revisions = {t: (r, m) for t, r, m in batch}
+        todo: list[tuple[str, BrokerId]] = []
+        for topic, placement in plan.placements:
+            if placement.broker is None:
+                if topic not in self._stuck:
+                    self._stuck.add(topic)
+                    out.note(f"[no-broker] {topic} waits: {placement.explain()}")
+                continue
+            self._stuck.discard(topic)
+            todo.append((topic, placement.broker))
+        for start in range(0, len(todo), PLACEMENTS_PER_TXN):
+            chunk = todo[start : start + PLACEMENTS_PER_TXN]
+            compares: list[Compare] = []
+            ops: list[Put | Delete] = []
+            placed: list[tuple[str, BrokerId, MarkerReason]] = []
+            for topic, target in chunk:
+                revision, marker = revisions[topic]
+                marker_key = keys.unassigned(topic)
+                compares += [
+                    Compare.mod_revision_equals(marker_key, revision),
+                    Compare.present(keys.topic_meta(topic)),
+                    # Never two owners: one compare, whatever the number of brokers.
+                    Compare.absent(keys.topic_owner(topic)),
+                ]
+                value = assignment_value(Assignment(now, epoch=revision), marker)
+                ops += [*claim_ops(target, topic, value), Delete(marker_key)]
+                placed.append((topic, target, marker.reason))
+            compares += [Compare.present(keys.register(b)) for b in sorted({b for _, b in chunk})]
+            what = f"assign {chunk[0][0]}" + (f" (+{len(chunk) - 1})" if len(chunk) > 1 else "")
+            self._write(out, compares, ops, what, "assign", tuple(placed))
+
+    def _drop_marker(
+        self,
+        topic: str,
+        revision: int,
+        kind: str,
+        why: str,
+        compares: Sequence[Compare],
+        out: Collector,
+    ) -> None:
+        key = keys.unassigned(topic)
+        self._write(
+            out,
+            [Compare.mod_revision_equals(key, revision), *compares],
+            [Delete(key)],
+            f"drop {key}",
+            "drop",
+            (topic, kind, why),
+        )
+
+    # -- rebalancing ---------------------------------------------------------------------
+
+    def _rebalance(self, now: float, out: Collector) -> None:
+        """One rebalancing check: split hot bundles, or ask the core and write every move
+        of its decision."""
+        out.metric("checks")
+        in_flight = any(
+            p.marker.reason is MarkerReason.REBALANCE for p in self.view.markers.values()
+        )
+        if in_flight:
+            return  # one decision at a time: the next one waits for this one's effect
+        if self._split(now, out):
+            return  # the next check sees the new bundles
+        # A shedder smooths the usage itself (ThresholdShedder's history_resource_percentage);
+        # it reads the latest reports, as Pulsar's do, rather than smoothing twice.
+        snapshot = self.snapshot(raw=self.shedding)
+        decision = decide_rebalance(
+            snapshot,
+            self.history,
+            now,
+            self.rebalancing,
+            self.strategy,
+            self.episode,
+            pulsar=self.pulsar,
+            shedder_state=self.shedder_state,
+        )
+        self.episode = decision.episode
+        if self.shedding:
+            self.shedder_state = (
+                dict(decision.shedder_state) if decision.shedder_state is not None else None
+            )
+        self.last_decision = decision
+        moves = decision.moves or ((decision.move,) if decision.move is not None else ())
+        if not moves:
+            if decision.rule != self._last_rule:
+                out.note(decision.explain())
+            self._last_rule = decision.rule
+            return
+        self._last_rule = decision.rule
+        after = decision.after if len(moves) == 1 else None
+        if after is None:
+            after = snapshot
+            for move in moves:
+                after = apply_move(after, move.topic, move.from_broker, move.to_broker)
+        todo: list[tuple[Move, int]] = []
+        for move in moves:
+            revision = self.view.topics_of(move.from_broker).get(move.topic)
+            if revision is None:
+                out.metric("failures")
+                continue
+            todo.append((move, revision))
+        for start in range(0, len(todo), PLACEMENTS_PER_TXN):
+            chunk = todo[start : start + PLACEMENTS_PER_TXN]
+            compares: list[Compare] = []
+            ops: list[Put | Delete] = []
+            for move, revision in chunk:
+                marker = UnassignedMarker(
+                    MarkerReason.REBALANCE,
+                    from_broker=move.from_broker,
+                    to_broker=move.to_broker,
+                    timestamp=now,
+                    ready=False,
+                )
+                history_key = keys.rebalancing_history(now, next(self._seq) % 1_000_000)
+                compares.append(
+                    Compare.mod_revision_equals(
+                        keys.broker_assignment(move.from_broker, move.topic), revision
+                    )
+                )
+                ops += [
+                    *release_ops(move.from_broker, move.topic),
+                    Put(keys.unassigned(move.topic), marker.to_dict()),
+                    Put(history_key, move.to_dict()),
+                ]
+            first = chunk[0][0].topic
+            self._write(
+                out,
+                compares,
+                ops,
+                f"move {first}" + (f" (+{len(chunk) - 1})" if len(chunk) > 1 else ""),
+                "move",
+                (tuple(m for m, _ in chunk), after, None if start else decision.explain()),
+            )
+
+    # -- success bookkeeping -------------------------------------------------------------
+
+    def _succeeded(self, pending: _Pending, now: float, out: Collector) -> None:
+        kind, data = pending.kind, pending.data
+        if kind == "assign":
+            for topic, target, reason in data:
+                out.metric("assignments", broker_id=target, action="assign")
+                if reason is not MarkerReason.NEW:
+                    out.note(f"[{reason.value}] {topic} → {target}")
+        elif kind == "failover":
+            dead, moved = data
+            out.metric("assignments", len(moved), broker_id=dead, action="unassign")
+            for _, target in moved:
+                if target is not None:
+                    out.metric("assignments", broker_id=target, action="assign")
+        elif kind == "drain":
+            broker, n = data
+            out.metric("assignments", n, broker_id=broker, action="unassign")
+            out.note(f"[drain] {broker}: unloading {n} topic(s)")
+        elif kind == "drained":
+            out.note(f"[drain] {data} is drained")
+        elif kind == "release":
+            topic, source = data
+            out.note(f"[release] {topic}: source {source} is gone; no seal to wait for")
+        elif kind == "forced":
+            out.metric("forced_moves")
+            out.note(f"{data}; proceeding (forced)")
+        elif kind == "drop":
+            topic, reason, why = data
+            self._meta_wait.pop(topic, None)
+            out.reject(reason)
+            out.note(f"[bad-marker] dropped the marker of {topic}: {why}")
+        elif kind == "repair":
+            key, record = data
+            out.note(f"repaired undecodable {record} at {key}")
+        elif kind == "move":
+            moves, after, explanation = data
+            for move in moves:
+                self.history = self.history.add(move)
+                self._estimate(after, move, now)
+                out.metric("moves")
+                out.metric("assignments", broker_id=move.from_broker, action="unassign")
+            if explanation is not None:
+                out.note(explanation)
+        elif kind == "split":
+            ns, added, unload, why = data
+            out.metric("bundle_splits", added)
+            out.note(f"[bundle-split] {ns}: {added} new bundle(s) ({'; '.join(why)})")
+            self._split_unloads += unload
+        elif kind == "split-unload":
+            for _, broker in data:
+                out.metric("assignments", broker_id=broker, action="unassign")
+            out.note(f"[bundle-split] unloading {len(data)} topic(s) of split bundles")
+
+    # -- rankings ------------------------------------------------------------------------
+
+    def balance(self, out: Collector | None = None) -> dict[str, Any]:
+        """Rankings and balance statistics of the current view."""
+        snapshot = self.snapshot()
+        rankings = rank(snapshot, self.strategy, self.pulsar)
+        active = set(snapshot.active_brokers())
+        stats = measure({b: s for b, s in rankings.entries if b in active})
+        if out is not None:
+            out.metrics.append(MetricDelta("balance", len(active), kind="balance", extra=stats))
+        return {
+            "leader": self.leader,
+            "term": self.term,
+            "strategy": self.strategy.value,
+            "rankings": rankings.to_dict(),
+            "balance": stats.to_dict(),
+            "decision": self.last_decision.explanation if self.last_decision else None,
+        }
+
+
+def effects_text(ready: Ready) -> list[str]:
+    """A stable one-line-per-effect rendering (scripted tests, replay comparisons)."""
+    lines: list[str] = []
+    for w in ready.writes:
+        lines.append(f"write {w.id}: {w.what}")
+        lines += [f"  if {_compare_text(c)}" for c in w.compares]
+        lines += [f"  {_op_text(op)}" for op in w.ops]
+    if ready.rankings is not None:
+        order = [e["broker_id"] for e in ready.rankings.payload["rankings"]]
+        lines.append(f"rankings: {' '.join(order)}")
+    lines += [f"history: {h.report.broker_id}" for h in ready.history]
+    for m in ready.metrics:
+        if m.kind == "inc":
+            labels = ",".join(f"{k}={v}" for k, v in m.labels)
+            lines.append(f"metric {m.name}{{{labels}}} +{m.value:g}")
+    lines += [f"{'note' if line.note else 'log'}: {line.message}" for line in ready.logs]
+    return lines
+
+
+def _compare_text(c: Compare) -> str:
+    if c.target == "version" and c.op == "==" and c.operand == 0:
+        return f"absent {c.key}"
+    if c.target == "version" and c.op == ">" and c.operand == 0:
+        return f"present {c.key}"
+    return f"{c.key} {c.target} {c.op} {c.operand}"
+
+
+def _op_text(op: Put | Delete) -> str:
+    if isinstance(op, Delete):
+        return f"delete {op.key}"
+    return f"put {op.key} {json.dumps(_compact(op.value), sort_keys=True, separators=(',', ':'))}"
+
+
+def _compact(value: Any) -> Any:
+    """A value without its times and nulls (stable across runs, short to read)."""
+    if isinstance(value, dict):
+        return {
+            k: _compact(v)
+            for k, v in value.items()
+            if v is not None and k not in ("timestamp", "assigned_at", "since")
+        }
+    return value
