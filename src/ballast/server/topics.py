@@ -11,6 +11,7 @@ subscription name.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import logging
@@ -60,7 +61,7 @@ class ProducerEntry:
     last_seen: float
 
 
-class ServedTopic:
+class ServedTopic(abc.ABC):
     """What every served topic has: producers, subscriptions, counters, a state."""
 
     reliable: bool = False
@@ -98,9 +99,9 @@ class ServedTopic:
         entry.last_seen = now
         return entry
 
+    @abc.abstractmethod
     async def publish(self, message: Any) -> int:
         """Store (or fan out) one message; returns its offset."""
-        raise NotImplementedError
 
     # -- consumers -----------------------------------------------------------------------
 
@@ -122,8 +123,9 @@ class ServedTopic:
         self._require_open()
         return dispatcher.join(consumer_name, sub_type, key_filters, now)
 
+    @abc.abstractmethod
     async def _open_subscription(self, name: str, sub_type: str) -> SubscriptionDispatcher:
-        raise NotImplementedError
+        """Create the dispatcher of a subscription (reliable: from its persisted cursor)."""
 
     async def ack(self, subscription: str, offset: int) -> None:
         """Acknowledge one message of `subscription` (unknown ones are fine)."""
