@@ -94,9 +94,7 @@ def report_totals(topics: Any, ops: Ops = PYTHON_OPS) -> tuple[Any, Any, Any, An
         throughput_mbps(ops.total(topics, lambda t: get(t, "byte_rate"), 0.0)),
         ops.total(topics, lambda t: get(t, "msg_rate"), 0.0),
         ops.total(topics, lambda t: get(t, "backlog"), 0),
-        ops.total(
-            topics, lambda t: topic_connections(get(t, "producers"), get(t, "consumers")), 0
-        ),
+        ops.total(topics, lambda t: topic_connections(get(t, "producers"), get(t, "consumers")), 0),
     )
 
 
@@ -110,7 +108,7 @@ class InvalidTopicName(ModelError):
 
 def validate_broker_id(value: object, field_name: str = "broker_id") -> BrokerId:
     """Return `value` if it is a valid broker id, else raise `ModelError` naming the field."""
-    if not is_broker_id(value):
+    if not isinstance(value, str) or not is_broker_id(value):
         raise ModelError(
             f"{field_name}: invalid broker id {value!r} (letters, digits, '_', '.', '-', ':'; "
             "must not contain '/')"

@@ -169,7 +169,9 @@ class Columnar:
             if h in self.hours and self.hours[h].has(table)
         ]
 
-    def read(self, spark: SparkSession, table: str, hours: Iterable[Hour] | None = None) -> DataFrame:
+    def read(
+        self, spark: SparkSession, table: str, hours: Iterable[Hour] | None = None
+    ) -> DataFrame:
         """The table's rows for `hours`, with its explicit schema (partition pruning is
         the choice of paths: other hours are never listed or opened)."""
         schema = COLUMNAR_SCHEMAS[table]
@@ -299,9 +301,7 @@ def _record_json(reports: DataFrame, topics: DataFrame) -> DataFrame:
         .groupBy("report_id")
         .agg(
             F.array_sort(
-                F.collect_list(
-                    F.struct("pos", *(F.col(f.name) for f in TOPIC_LOAD_SCHEMA.fields))
-                )
+                F.collect_list(F.struct("pos", *(F.col(f.name) for f in TOPIC_LOAD_SCHEMA.fields)))
             ).alias("entries")
         )
     )
@@ -405,7 +405,9 @@ def _write_tables(
             _quarantine_rows(copies, "duplicate", ingest.duplicate_reason())
         )
         dropped.append(copies.select("report_id"))
-        kept = reports.join(F.broadcast(copies.select("report_id")), on="report_id", how="left_anti")
+        kept = reports.join(
+            F.broadcast(copies.select("report_id")), on="report_id", how="left_anti"
+        )
 
     if dropped:
         ids = dropped[0]
@@ -425,9 +427,7 @@ def _write_tables(
         "quarantine": quarantine,
     }
     for table, frame in frames.items():
-        frame.write.mode("overwrite").partitionBy("date", "hour").parquet(
-            os.path.join(work, table)
-        )
+        frame.write.mode("overwrite").partitionBy("date", "hour").parquet(os.path.join(work, table))
     for frame in persisted:
         frame.unpersist()
 
@@ -448,7 +448,9 @@ def _counts(spark: SparkSession, work: str) -> dict[Hour, dict[str, Any]]:
         if not os.path.isdir(path):
             continue
         schema = T.StructType([*COLUMNAR_SCHEMAS[table].fields, *partitions.fields])
-        for row in spark.read.schema(schema).parquet(path).groupBy("date", "hour").count().collect():
+        for row in (
+            spark.read.schema(schema).parquet(path).groupBy("date", "hour").count().collect()
+        ):
             entry(row)[table] = int(row["count"])
     path = os.path.join(work, "quarantine")
     if os.path.isdir(path):
@@ -471,7 +473,7 @@ def compact_files(
     now = time.time()
     if not paths:
         return {}
-    previous = spark.conf.get("spark.sql.maxConcurrentOutputFileWriters", "0")
+    previous = spark.conf.get("spark.sql.maxConcurrentOutputFileWriters", "0") or "0"
     spark.conf.set("spark.sql.maxConcurrentOutputFileWriters", MAX_CONCURRENT_WRITERS)
     try:
         staged = (
@@ -503,7 +505,9 @@ def compact_files(
 # --- listing and planning ---------------------------------------------------------------
 
 
-def history_hours(root: str, options: Mapping[str, Any] | None = None) -> dict[Hour, dict[str, int]]:
+def history_hours(
+    root: str, options: Mapping[str, Any] | None = None
+) -> dict[Hour, dict[str, int]]:
     """The history's files per hour: relative path -> size in bytes."""
     hours: dict[Hour, dict[str, int]] = {}
     for relative, size in storage.history_file_sizes(root, options).items():
@@ -576,7 +580,9 @@ def compact(
         local_root = os.path.join(scratch, "history")
         table_root = os.path.join(local_root, COLUMNAR_DIR)
         remote_table = f"{history.rstrip('/')}/{COLUMNAR_DIR}"
-        storage.download_tree(f"{remote_table}/{MARKERS_DIR}", os.path.join(table_root, MARKERS_DIR), options)
+        storage.download_tree(
+            f"{remote_table}/{MARKERS_DIR}", os.path.join(table_root, MARKERS_DIR), options
+        )
     else:
         local_root = storage.local_path(history)
         if not os.path.isdir(local_root):
