@@ -16,8 +16,86 @@ from typing import Any, TypeVar
 
 BrokerId = str
 
-_NAME_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
-_BROKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-:]{0,127}$")
+# Name rules, written once as regular expressions that mean the same in Python's `re` and
+# Java's `java.util.regex` (the pipeline's `rlike`). They match a *whole* name: Python uses
+# `fullmatch`, Spark wraps them in `\A(?:…)\z` (`$` would accept a trailing newline).
+NAME_PART_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}"
+BROKER_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.\-:]{0,127}"
+TOPIC_NAME_PATTERN = rf"/{NAME_PART_PATTERN}/{NAME_PART_PATTERN}"
+_NAME_PART = re.compile(NAME_PART_PATTERN)
+_BROKER_ID = re.compile(BROKER_ID_PATTERN)
+_TOPIC_NAME = re.compile(TOPIC_NAME_PATTERN)
+
+
+@dataclass(frozen=True)
+class Ops:
+    """The few non-arithmetic operations the shared rules need, for one engine.
+
+    Rules (scores, CV, classification, normalisation, report totals) are written once as
+    plain arithmetic plus these operations, and applied to Python floats (`PYTHON_OPS`),
+    NumPy arrays (`ballast.balance.scoring.NUMPY_OPS`) or Spark columns (the pipeline's
+    `SPARK_OPS`). `total` and `field` are only needed by `report_totals`.
+    """
+
+    where: Any  # where(condition, if_true, if_false)
+    maximum: Any  # maximum(a, b)
+    total: Any = None  # total(items, term, zero): zero + term(item_1) + term(item_2) + ...
+    field: Any = None  # field(item, name): one field of one item
+
+
+def _python_where(condition: Any, if_true: Any, if_false: Any) -> Any:
+    return if_true if condition else if_false
+
+
+def _python_total(items: Any, term: Any, zero: Any) -> Any:
+    # A loop, not `sum`: `sum` of floats is compensated on Python >= 3.12, and the totals
+    # must be the same float, bit for bit, as Spark's left fold in list order.
+    total = zero
+    for item in items:
+        total = total + term(item)
+    return total
+
+
+PYTHON_OPS = Ops(where=_python_where, maximum=max, total=_python_total, field=getattr)
+
+
+def is_broker_id(value: object) -> bool:
+    """The broker-id rule (`BROKER_ID_PATTERN`) on one Python value."""
+    return isinstance(value, str) and _BROKER_ID.fullmatch(value) is not None
+
+
+def is_topic_name(value: object) -> bool:
+    """The topic-name rule (`TOPIC_NAME_PATTERN`) on one Python value."""
+    return isinstance(value, str) and _TOPIC_NAME.fullmatch(value) is not None
+
+
+def throughput_mbps(byte_rate: Any) -> Any:
+    """Bytes per second to MB/s (10^6), the unit every score uses."""
+    return byte_rate / 1_000_000
+
+
+def topic_connections(producers: Any, consumers: Any) -> Any:
+    """A topic's connections: producers plus consumers."""
+    return producers + consumers
+
+
+def report_totals(topics: Any, ops: Ops = PYTHON_OPS) -> tuple[Any, Any, Any, Any]:
+    """A report's derived totals over its topics, added in list order from zero:
+    (throughput MB/s, msg/s, backlog, connections).
+
+    `LoadReport` computes them with `PYTHON_OPS`; the pipeline applies the same function to
+    a Spark array column of topic structs, so both give the same floats.
+    """
+
+    def get(topic: Any, name: str) -> Any:
+        return ops.field(topic, name)
+
+    return (
+        throughput_mbps(ops.total(topics, lambda t: get(t, "byte_rate"), 0.0)),
+        ops.total(topics, lambda t: get(t, "msg_rate"), 0.0),
+        ops.total(topics, lambda t: get(t, "backlog"), 0),
+        ops.total(topics, lambda t: topic_connections(get(t, "producers"), get(t, "consumers")), 0),
+    )
 
 
 class ModelError(ValueError):
@@ -30,7 +108,7 @@ class InvalidTopicName(ModelError):
 
 def validate_broker_id(value: object, field_name: str = "broker_id") -> BrokerId:
     """Return `value` if it is a valid broker id, else raise `ModelError` naming the field."""
-    if not isinstance(value, str) or not _BROKER_ID.match(value):
+    if not isinstance(value, str) or not is_broker_id(value):
         raise ModelError(
             f"{field_name}: invalid broker id {value!r} (letters, digits, '_', '.', '-', ':'; "
             "must not contain '/')"
@@ -47,7 +125,7 @@ class TopicName:
 
     def __post_init__(self) -> None:
         for part, label in ((self.namespace, "namespace"), (self.name, "topic")):
-            if not isinstance(part, str) or not _NAME_PART.match(part):
+            if not isinstance(part, str) or _NAME_PART.fullmatch(part) is None:
                 raise InvalidTopicName(
                     f"invalid topic name '/{self.namespace}/{self.name}': {label} part "
                     f"{part!r} must be 1-128 characters of letters, digits, '_', '.', '-' "
@@ -206,11 +284,11 @@ class TopicLoad:
 
     @property
     def throughput_mbps(self) -> float:
-        return self.byte_rate / 1_000_000
+        return float(throughput_mbps(self.byte_rate))
 
     @property
     def connections(self) -> int:
-        return self.producers + self.consumers
+        return int(topic_connections(self.producers, self.consumers))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -263,14 +341,8 @@ class LoadReport:
     total_connections: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        byte_rate = msg_rate = 0.0
-        backlog = connections = 0
-        for t in self.topics:
-            byte_rate += t.byte_rate
-            msg_rate += t.msg_rate
-            backlog += t.backlog
-            connections += t.producers + t.consumers
-        object.__setattr__(self, "total_throughput_mbps", byte_rate / 1_000_000)
+        throughput, msg_rate, backlog, connections = report_totals(self.topics)
+        object.__setattr__(self, "total_throughput_mbps", throughput)
         object.__setattr__(self, "total_msg_rate", msg_rate)
         object.__setattr__(self, "total_backlog", backlog)
         object.__setattr__(self, "total_connections", connections)

@@ -1,4 +1,7 @@
-"""Reading the history: every bad line is quarantined with its reason, never dropped."""
+"""Reading the history: every bad line is quarantined with its reason, never dropped.
+
+Lines go through the real path: files on disk, compaction into the columnar history,
+and the quarantine table it writes."""
 
 from __future__ import annotations
 
@@ -9,22 +12,28 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from ballast.model import LoadReport, TopicLoad
-from ballast.pipeline import ingest
 from ballast.pipeline.history import history_line
 
-from .support import START, checked, write_history
+from .support import START, compacted, write_history, write_lines
 
 GOOD = {"broker_id": "b1", "timestamp": START, "cpu_percent": 10, "topics": [{"topic": "/ns/t"}]}
 
 
-def _reasons(spark: SparkSession, lines: list[Any]) -> list[tuple[str | None, str | None]]:
-    rows = checked(spark, lines).select("source", "kind", "reason").collect()
-    return [
-        (r["kind"], r["reason"]) for r in sorted(rows, key=lambda r: int(r["source"].split("-")[1]))
-    ]
+def _reasons(
+    spark: SparkSession, root: Path, lines: list[Any]
+) -> list[tuple[str | None, str | None]]:
+    """(kind, reason) per line, in line order; (None, None) for a line that was kept."""
+    columnar = compacted(spark, write_lines(root, lines))
+    bad = {
+        r["source"]: (r["kind"], r["reason"]) for r in columnar.read(spark, "quarantine").collect()
+    }
+    kept = {r["source"] for r in columnar.read(spark, "brokers").collect()}
+    sources = [f"date=2026-01-01/hour=00/line-{i:03d}.jsonl" for i in range(len(lines))]
+    assert all((s in bad) != (s in kept) for s in sources), "every line is kept or quarantined"
+    return [bad.get(s, (None, None)) for s in sources]
 
 
-def test_each_rule_gives_its_reason(spark: SparkSession) -> None:
+def test_each_rule_gives_its_reason(spark: SparkSession, tmp_path: Path) -> None:
     lines: list[Any] = [
         GOOD,
         '{"broker_id":"b1","timestamp":1767225600,"topics":[{"topic":"/ns/t","msg_rate":1',
@@ -41,7 +50,7 @@ def test_each_rule_gives_its_reason(spark: SparkSession) -> None:
         {**GOOD, "topics": {"topic": "/ns/t"}},
         {**GOOD, "memory_percent": float("nan")},
     ]
-    assert _reasons(spark, lines) == [
+    assert _reasons(spark, tmp_path, lines) == [
         (None, None),
         ("malformed", "malformed JSON: not one complete JSON object (truncated line?)"),
         ("invalid", "cpu_percent: expected a number, got high"),
@@ -63,7 +72,7 @@ def test_each_rule_gives_its_reason(spark: SparkSession) -> None:
     ]
 
 
-def test_the_model_agrees_on_what_is_invalid(spark: SparkSession) -> None:
+def test_the_model_agrees_on_what_is_invalid(spark: SparkSession, tmp_path: Path) -> None:
     """Every line the pipeline quarantines as invalid, LoadReport.from_dict rejects too."""
     lines = [
         {**GOOD, "cpu_percent": 101},
@@ -73,7 +82,7 @@ def test_the_model_agrees_on_what_is_invalid(spark: SparkSession) -> None:
         {**GOOD, "topics": [{"topic": "/ns/t", "consumers": "3"}]},
         {"broker_id": "b1"},
     ]
-    for kind, _ in _reasons(spark, lines):
+    for kind, _ in _reasons(spark, tmp_path, lines):
         assert kind == "invalid"
     for line in lines:
         try:
@@ -83,9 +92,9 @@ def test_the_model_agrees_on_what_is_invalid(spark: SparkSession) -> None:
         raise AssertionError(f"the model accepts {line}")
 
 
-def test_many_topic_problems_are_summarised(spark: SparkSession) -> None:
+def test_many_topic_problems_are_summarised(spark: SparkSession, tmp_path: Path) -> None:
     line = {**GOOD, "topics": [{"topic": f"/ns/t{i}", "msg_rate": -1} for i in range(8)]}
-    ((kind, reason),) = _reasons(spark, [line])
+    ((kind, reason),) = _reasons(spark, tmp_path, [line])
     assert kind == "invalid"
     assert reason is not None
     assert reason.count("must be a finite non-negative number") == 5
@@ -109,22 +118,16 @@ def test_files_blank_lines_extra_fields_and_duplicates(spark: SparkSession, tmp_
         + "\n"
         + history_line(r2)[:40]  # the crash-truncated last line
     )
-    files = sorted(str(p) for p in hour.iterdir())
-    lines = ingest.read_history_lines(spark, files)
-    assert lines.count() == 5
-    records = lines.transform(ingest.with_parsed_reports).transform(ingest.checked_records).cache()
-    valid = ingest.valid_records(records)
-    kept = ingest.deduplicated(valid).select("source", "broker_id", "timestamp", "state").collect()
-    assert sorted((r["broker_id"], r["timestamp"], r["state"]) for r in kept) == [
-        ("b1", START, None),
-        ("b1", START + 60, None),
+    columnar = compacted(spark, tmp_path)
+    kept = columnar.read(spark, "brokers").select("source", "broker_id", "timestamp", "state")
+    assert sorted((r["broker_id"], r["timestamp"], r["state"]) for r in kept.collect()) == [
+        ("b1", START, "active"),
+        ("b1", START + 60, "active"),
         ("b2", START + 30, "draining"),
     ]
-    quarantine = (
-        ingest.invalid_records(records).unionByName(ingest.duplicate_records(valid)).collect()
-    )
+    quarantine = columnar.read(spark, "quarantine").collect()
     got = sorted((q["kind"], q["source"], q["broker_id"]) for q in quarantine)
-    # Identical copies tie on the line hash; the source breaks the tie (other < test).
+    # Identical copies tie on the content hash; the source breaks the tie (other < test).
     assert got == [
         ("duplicate", "date=2026-01-01/hour=00/test.jsonl", "b1"),
         ("malformed", "date=2026-01-01/hour=00/other.jsonl", None),
@@ -136,4 +139,9 @@ def test_files_blank_lines_extra_fields_and_duplicates(spark: SparkSession, tmp_
     assert LoadReport.from_json(dup["raw"]) == r1
     malformed = next(q for q in quarantine if q["kind"] == "malformed")
     assert malformed["raw"] == history_line(r2)[:40]
-    records.unpersist()
+    # The kept copy's topic rows are there once.
+    topics = columnar.read(spark, "topics").collect()
+    assert [(t["broker_id"], t["timestamp"], t["topic"]) for t in topics] == [
+        ("b1", START, "/ns/a"),
+        ("b1", START + 60, "/ns/a"),
+    ]

@@ -12,7 +12,7 @@ from ballast.config import Strategy
 from ballast.model import ClusterSnapshot, LoadReport, TopicLoad
 from ballast.pipeline import transforms
 
-from .support import START, report, reports_frame
+from .support import START, broker_rows, report, topic_rows
 
 W = 300.0  # 5-minute windows
 
@@ -22,17 +22,11 @@ def idle(n: int, prefix: str = "t") -> list[TopicLoad]:
 
 
 def broker_windows(frame: DataFrame) -> DataFrame:
-    return (
-        frame.transform(transforms.explode_brokers)
-        .transform(transforms.with_window, W)
-        .transform(transforms.broker_window_report)
-    )
+    return frame.transform(transforms.with_window, W).transform(transforms.broker_window_report)
 
 
 def comparison(spark: SparkSession, reports: list) -> pd.DataFrame:
-    scored = broker_windows(reports_frame(spark, reports)).transform(
-        transforms.with_strategy_scores
-    )
+    scored = broker_windows(broker_rows(spark, reports)).transform(transforms.with_strategy_scores)
     out = scored.transform(transforms.strategy_scores_long).transform(
         transforms.strategy_comparison_report, 0.3
     )
@@ -47,7 +41,7 @@ def test_broker_window_mean_p95_max_and_ewma(spark: SparkSession) -> None:
         report("b1", START + 300, cpu=50, mem=30),
         report("b1", START + 600, cpu=20, mem=10),
     ]
-    rows = broker_windows(reports_frame(spark, reports)).toPandas()
+    rows = broker_windows(broker_rows(spark, reports)).toPandas()
     rows = transforms.add_usage_ewma(rows)
     first = rows.iloc[0]
     assert first["samples"] == 3
@@ -100,9 +94,7 @@ def test_balanced_anchor_scores(spark: SparkSession) -> None:
         report("broker2", START, cpu=20, mem=20, topics=idle(5)),
         report("broker3", START, cpu=10, mem=10, topics=idle(2)),
     ]
-    scored = broker_windows(reports_frame(spark, reports)).transform(
-        transforms.with_strategy_scores
-    )
+    scored = broker_windows(broker_rows(spark, reports)).transform(transforms.with_strategy_scores)
     got = {r["broker_id"]: r["score_balanced"] for r in scored.collect()}
     assert got == pytest.approx({"broker1": 28.6, "broker2": 14.3, "broker3": 7.12}, abs=1e-9)
 
@@ -150,7 +142,7 @@ def test_spark_scores_equal_the_balance_core_for_every_strategy(spark: SparkSess
     rng = np.random.default_rng(42)
     snapshots = [_random_snapshot(rng, k) for k in range(12)]
     everything = [r for reports, _ in snapshots for r in reports]
-    scored = broker_windows(reports_frame(spark, everything)).transform(
+    scored = broker_windows(broker_rows(spark, everything)).transform(
         transforms.with_strategy_scores
     )
     rows = scored.toPandas()
@@ -178,8 +170,7 @@ def test_topic_windows_rates_and_backlog_trend(spark: SparkSession) -> None:
     reports.append(report("b2", START + 150, topics=[TopicLoad("/ns/a", 50.0, 1e6, 1, 2, 1, 400)]))
     reports.append(report("b2", START + 300, topics=[TopicLoad("/ns/b", 1.0)]))
     rows = (
-        reports_frame(spark, reports)
-        .transform(transforms.explode_topics)
+        topic_rows(spark, reports)
         .transform(transforms.with_window, W)
         .transform(transforms.topic_window_report)
         .toPandas()

@@ -4,11 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from ballast.balance.scoring import cluster_stats
-from ballast.model import BrokerId
+from ballast.model import PYTHON_OPS, BrokerId, Ops
+
+OVERLOADED, UNDERLOADED, NORMAL = "overloaded", "underloaded", "normal"
+
+
+def classify(score: Any, mean: Any, std: Any, ops: Ops = PYTHON_OPS) -> Any:
+    """The reference document's classification of one score against its cluster:
+    overloaded above mean + std, underloaded below mean - std *and* below half the mean,
+    normal otherwise. Works on floats, NumPy arrays and Spark columns (through `ops`)."""
+    return ops.where(
+        score > mean + std,
+        OVERLOADED,
+        ops.where((score < mean - std) & (score < mean * 0.5), UNDERLOADED, NORMAL),
+    )
 
 
 @dataclass(frozen=True)
@@ -56,15 +70,10 @@ def measure(scores: Mapping[BrokerId, float]) -> Imbalance:
         return Imbalance(0.0, 0.0, 0.0, 0.0, 0.0)
     values = np.fromiter(scores.values(), dtype=float, count=len(scores))
     mean, std, cv = cluster_stats(values)
-    over, under, normal = [], [], []
+    classes: dict[str, list[BrokerId]] = {OVERLOADED: [], UNDERLOADED: [], NORMAL: []}
     for broker in sorted(scores):
-        s = scores[broker]
-        if s > mean + std:
-            over.append(broker)
-        elif s < mean - std and s < mean * 0.5:
-            under.append(broker)
-        else:
-            normal.append(broker)
+        classes[classify(scores[broker], mean, std)].append(broker)
+    over, under, normal = classes[OVERLOADED], classes[UNDERLOADED], classes[NORMAL]
     return Imbalance(
         mean=mean,
         std=std,

@@ -8,8 +8,12 @@ import numpy as np
 
 from ballast.balance.pulsar_strategies import pulsar_scores
 from ballast.balance.scoring import (
+    NUMPY_OPS,
     balanced_score,
+    balanced_with_fallback,
     fair_score,
+    normalise,
+    reports_resources,
     topic_load_score,
     weighted_load_score,
 )
@@ -62,7 +66,7 @@ def broker_metrics(snapshot: ClusterSnapshot) -> BrokerMetrics:
 
 def _normalised(values: np.ndarray) -> np.ndarray:
     # Danube divides by the cluster maximum, starting the maximum at 1.0.
-    return values / max(1.0, float(values.max(initial=0.0)))
+    return np.asarray(normalise(values, float(values.max(initial=0.0))))
 
 
 def scores_from_metrics(m: BrokerMetrics, strategy: Strategy) -> np.ndarray:
@@ -71,10 +75,14 @@ def scores_from_metrics(m: BrokerMetrics, strategy: Strategy) -> np.ndarray:
         return np.asarray(fair_score(m.topic_count), dtype=float)
     wtl = m.weighted_topic_load
     if strategy is Strategy.BALANCED:
-        if not (m.cpu.any() or m.mem.any()):
-            # No broker reports resources yet: Danube falls back to the topic count.
-            return np.asarray(fair_score(m.topic_count), dtype=float)
-        return np.asarray(balanced_score(wtl, m.cpu, m.mem), dtype=float)
+        # No broker reports resources yet: Danube falls back to the topic count.
+        resources = reports_resources(m.cpu.max(initial=0.0), m.mem.max(initial=0.0))
+        return np.asarray(
+            balanced_with_fallback(
+                balanced_score(wtl, m.cpu, m.mem), fair_score(m.topic_count), resources, NUMPY_OPS
+            ),
+            dtype=float,
+        )
     return np.asarray(
         weighted_load_score(
             _normalised(m.cpu),

@@ -1,17 +1,36 @@
 """Scoring formulas, written once as plain arithmetic.
 
 Each function works unchanged on floats, NumPy arrays, pandas Series and Spark `Column`s:
-only `+ - * /` are used. Where a formula has to choose (WeightedLoad's bottleneck), the
-caller passes the engine's `where`/`maximum` in an `Ops` value (NumPy by default, Spark's
-`F.when`/`F.greatest` in the pipeline). Guards such as division by zero belong to callers.
+only `+ - * /` and comparisons are used. Where a formula has to choose (WeightedLoad's
+bottleneck, the CV guard, Balanced's fallback), the caller passes the engine's
+`where`/`maximum` in an `Ops` value (NumPy by default, `ballast.model.PYTHON_OPS` for plain
+floats, Spark's `F.when`/`F.greatest` in the pipeline). Guards such as division by zero
+belong to callers, except where a rule defines the guarded value (CV is 0 for a zero mean).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from ballast.model import PYTHON_OPS, Ops
+
+__all__ = [
+    "NUMPY_OPS",
+    "PYTHON_OPS",
+    "Ops",
+    "balanced_score",
+    "balanced_with_fallback",
+    "cluster_stats",
+    "coefficient_of_variation",
+    "ewma",
+    "fair_score",
+    "normalise",
+    "reports_resources",
+    "topic_load_score",
+    "weighted_load_score",
+]
 
 # Danube's weights (implementation-notes.md, "Rankings").
 TOPIC_COUNT_W, TOPIC_THROUGHPUT_W, TOPIC_CONNECTIONS_W, TOPIC_BACKLOG_W = 0.2, 0.3, 0.3, 0.2
@@ -45,15 +64,25 @@ def balanced_score(weighted_topic_load: Any, cpu_percent: Any, memory_percent: A
     )
 
 
-@dataclass(frozen=True)
-class Ops:
-    """The two non-arithmetic operations WeightedLoad needs, for one engine."""
+def reports_resources(max_cpu_percent: Any, max_memory_percent: Any) -> Any:
+    """Whether any broker reports CPU or memory (given the cluster's maxima)."""
+    return (max_cpu_percent > 0) | (max_memory_percent > 0)
 
-    where: Any  # where(condition, if_true, if_false)
-    maximum: Any  # maximum(a, b)
+
+def balanced_with_fallback(
+    balanced: Any, fair: Any, resources_reported: Any, ops: Ops = PYTHON_OPS
+) -> Any:
+    """Balanced, or Danube's fallback to the topic count (Fair) while no broker reports
+    CPU or memory (`reports_resources`)."""
+    return ops.where(resources_reported, balanced, fair)
 
 
 NUMPY_OPS = Ops(where=np.where, maximum=np.maximum)
+
+
+def normalise(value: Any, cluster_max: Any, ops: Ops = NUMPY_OPS) -> Any:
+    """A metric divided by the cluster maximum, the maximum starting at 1.0 (Danube)."""
+    return value / ops.maximum(1.0, cluster_max)
 
 
 def weighted_load_score(
@@ -90,6 +119,13 @@ def weighted_load_score(
     return 100.0 * ops.where(peak > BOTTLENECK_THRESHOLD, pressured, relaxed)
 
 
+def coefficient_of_variation(std: Any, mean: Any, count: Any, ops: Ops = PYTHON_OPS) -> Any:
+    """CV = std / mean of `count` scores; 0 with fewer than two scores or a mean that is
+    not positive (nothing to balance)."""
+    defined = (count >= 2) & (mean > 0)
+    return ops.where(defined, std / ops.where(defined, mean, 1.0), 0.0)
+
+
 def cluster_stats(values: Any) -> tuple[float, float, float]:
     """Mean, population standard deviation and coefficient of variation of a 1-D array."""
     arr = np.asarray(values, dtype=float)
@@ -97,8 +133,7 @@ def cluster_stats(values: Any) -> tuple[float, float, float]:
         return 0.0, 0.0, 0.0
     mean = float(arr.mean())
     std = float(arr.std())
-    cv = std / mean if arr.size >= 2 and mean > 0 else 0.0
-    return mean, std, cv
+    return mean, std, float(coefficient_of_variation(std, mean, arr.size))
 
 
 def ewma(previous: Any, sample: Any, history_weight: float = 0.9) -> Any:

@@ -1,4 +1,5 @@
-"""`ballast history generate` and `ballast analyze`: the load-history pipeline's commands.
+"""`ballast history generate|compact` and `ballast analyze`: the load-history pipeline's
+commands.
 
 Spark and the pipeline modules are imported inside the commands, so `ballast --help`
 does not pay for starting PySpark. Run stand-alone with `python -m ballast.cli.pipeline`.
@@ -20,10 +21,9 @@ if TYPE_CHECKING:
     from ballast.pipeline.job import AnalysisResult
 
 STAGE_LABELS = {
-    "stage": "finding history files",
-    "parse": "parsing and checking records",
-    "quarantine": "removing duplicates, writing quarantine",
-    "explode": "flattening reports into broker and topic rows",
+    "compact": "compacting new hours of JSON into the columnar history",
+    "read": "reading the columnar history",
+    "quarantine": "writing the quarantine",
     "brokers": "broker windows and scores",
     "strategies": "comparing strategies",
     "topics": "topic windows",
@@ -50,6 +50,11 @@ def print_summary(result: AnalysisResult, console: Console) -> None:
     table.add_column(style="bold")
     table.add_column()
     table.add_row("history files", str(result.files))
+    table.add_row(
+        "compacted now",
+        f"{result.compacted_hours} hour(s)"
+        + (f"; {result.open_hours} open hour(s) read from JSON" if result.open_hours else ""),
+    )
     table.add_row("records", f"{result.records} ({result.reports} valid reports)")
     quarantined = sum(result.quarantined.values())
     detail = ", ".join(f"{k} {v}" for k, v in sorted(result.quarantined.items()))
@@ -78,7 +83,7 @@ def print_summary(result: AnalysisResult, console: Console) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    """Add `history generate` and `analyze` to `app`."""
+    """Add `history generate`, `history compact` and `analyze` to `app`."""
     history_app = typer.Typer(
         help="Load-history files: the data the pipeline analyses.", no_args_is_help=True
     )
@@ -147,6 +152,96 @@ def register(app: typer.Typer) -> None:
         for broker, at in result.died.items():
             console.print(f"  {broker} dies at {at:.0f}")
 
+    @history_app.command("compact")
+    def compact_cmd(
+        history: Annotated[
+            str, typer.Option(help="History directory or s3:// URL (the sink's root).")
+        ],
+        master: Annotated[
+            str, typer.Option(help="Spark master: local[*], spark://host:port, yarn, k8s://…")
+        ] = "local[*]",
+        grace: Annotated[
+            str, typer.Option(help="An hour is closed this long after it ends (late reports).")
+        ] = "5m",
+        driver_memory: Annotated[str, typer.Option(help="Spark driver memory.")] = "2g",
+        executor_memory: Annotated[
+            str | None, typer.Option(help="spark.executor.memory on a cluster (default: Spark's).")
+        ] = None,
+        driver_host: Annotated[
+            str, typer.Option(help="Driver address executors connect to.")
+        ] = "127.0.0.1",
+        storage_option: Annotated[
+            list[str] | None,
+            typer.Option(help="fsspec option KEY=VALUE for s3:// paths (repeatable)."),
+        ] = None,
+    ) -> None:
+        """Turn every closed hour of JSON lines into the columnar history (Parquet).
+
+        Writes HISTORY/_columnar/{topics,brokers,quarantine}/date=…/hour=… once per hour:
+        incremental (only new or changed hours), idempotent (a re-run does nothing) and
+        atomic per hour (a crash leaves no partial hour visible). Hours still being
+        written are left as JSON until they close. `analyze` runs this step itself.
+        """
+        import shutil
+        import tempfile
+
+        from ballast.pipeline import compact
+        from ballast.pipeline.job import PipelineError, parse_duration
+        from ballast.pipeline.session import build_session
+
+        console = Console(stderr=True)
+        try:
+            grace_seconds = parse_duration(grace)
+        except PipelineError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2) from None
+        options = _storage_options(storage_option, console)
+        from pyspark.sql import SparkSession
+
+        owned = SparkSession.getActiveSession() is None
+        with console.status(f"starting Spark ({master})"):
+            spark = build_session(
+                master,
+                app_name="ballast-compact",
+                driver_memory=driver_memory,
+                executor_memory=executor_memory,
+                driver_host=driver_host,
+            )
+        scratch = tempfile.mkdtemp(prefix="ballast-compact-")
+        try:
+            with console.status("compacting"):
+                result, _ = compact.compact(
+                    spark, history, scratch, grace_seconds=grace_seconds, storage_options=options
+                )
+        except FileNotFoundError:
+            console.print(
+                f"[red]error:[/red] history directory {history} does not exist: pass the "
+                "directory the history sink writes to"
+            )
+            raise typer.Exit(1) from None
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+            if owned:
+                spark.stop()
+        out = Console()
+        quarantined = result.quarantined
+        detail = ", ".join(f"{k} {v}" for k, v in sorted(quarantined.items()))
+        if result.compacted:
+            out.print(
+                f"compacted {len(result.compacted)} hour(s) into {result.table}: "
+                f"{result.reports} reports, {result.topic_rows} topic rows, "
+                f"{sum(quarantined.values())} quarantined"
+                + (f" ({detail})" if detail else "")
+                + f" in {result.seconds:.1f}s"
+            )
+        else:
+            out.print(f"nothing to compact: {result.unchanged} hour(s) already compacted")
+        if result.compacted and result.unchanged:
+            out.print(f"{result.unchanged} hour(s) were already compacted and unchanged")
+        if result.open_hours:
+            names = ", ".join(h.name for h in result.open_hours)
+            out.print(f"{len(result.open_hours)} hour(s) still open, left as JSON: {names}")
+
     @app.command("analyze")
     def analyze_cmd(
         history: Annotated[
@@ -199,18 +294,33 @@ def register(app: typer.Typer) -> None:
             list[str] | None,
             typer.Option(help="fsspec option KEY=VALUE for s3:// paths (repeatable)."),
         ] = None,
-        keep_staging: Annotated[
-            bool, typer.Option(help="Keep OUT/_staging (the parsed records).")
-        ] = False,
+        start: Annotated[
+            str | None,
+            typer.Option(
+                "--from", help="Analyse from this time on (UTC ISO date/time or epoch seconds)."
+            ),
+        ] = None,
+        end: Annotated[
+            str | None,
+            typer.Option("--to", help="Analyse up to (not including) this time."),
+        ] = None,
     ) -> None:
         """Analyse a load history with Spark: windows, strategy comparison, rebalance plan.
 
         Writes Parquet tables broker_windows, topic_windows, strategy_comparison and
         quarantine (bad lines with the reason), plan.json (moves to review and apply) and
-        report.html with PNG charts. s3:// inputs are staged locally through fsspec and
-        outputs uploaded the same way (Spark's own s3a needs jars pyspark lacks).
+        report.html with PNG charts. The history's closed hours are compacted into its
+        columnar form first (once; see `history compact`), and only the hours in
+        --from/--to are read. s3:// inputs are staged locally through fsspec and outputs
+        uploaded the same way (Spark's own s3a needs jars pyspark lacks).
         """
-        from ballast.pipeline.job import AnalyzeOptions, PipelineError, parse_duration, run_analysis
+        from ballast.pipeline.job import (
+            AnalyzeOptions,
+            PipelineError,
+            parse_duration,
+            parse_time,
+            run_analysis,
+        )
         from ballast.pipeline.session import build_session
 
         console = Console(stderr=True)
@@ -225,8 +335,15 @@ def register(app: typer.Typer) -> None:
                 config=load_config(config),
                 max_moves=max_moves,
                 storage_options=_storage_options(storage_option, console),
-                keep_staging=keep_staging,
+                start=parse_time(start) if start else None,
+                end=parse_time(end) if end else None,
             )
+            if (
+                options.start is not None
+                and options.end is not None
+                and options.start >= options.end
+            ):
+                raise PipelineError(f"--from {start} is not before --to {end}")
         except (PipelineError, ConfigError) as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2) from None

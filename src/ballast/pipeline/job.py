@@ -1,19 +1,24 @@
-"""`ballast analyze`: the whole job, from history files to tables, plan and report.
+"""`ballast analyze`: the whole job, from the history to tables, plan and report.
 
 Stages (each timed, and announced through `progress` for the console):
 
-1. stage      find the history files (copy them locally first for s3:// and the like);
-2. parse      read lines as text, parse and check them, and write the checked records
-              once as Parquet in `{out}/_staging` (JSON is parsed once; every later
-              stage reads columnar data);
-3. quarantine drop duplicates, write the quarantine (malformed, invalid, duplicate);
-   explode    write flat broker rows and topic rows once (staging, Parquet);
+1. compact    turn the closed hours not compacted yet into the columnar history (once,
+              committed: `compact.py`); hours still being written are parsed into the
+              job's scratch space and read too, never committed;
+2. read       the columnar tables of the hours in --from/--to (other hours' partitions
+              are never opened), filtered to the exact time range;
+3. quarantine the quarantine of those hours (malformed, invalid, duplicate);
 4. brokers    broker windows: aggregates, Pulsar's smoothed usage, strategy scores;
 5. strategies CV, min, max, overloaded/underloaded brokers per window and strategy;
-6. topics     topic windows: rates, p95, backlog trend;
-7. plan       the latest assignment with p95 loads → `plan_rebalance` → plan.json;
-8. report     report.html with PNG charts;
-9. upload     for remote outputs, copy everything up through fsspec.
+6. topics     topic windows: rates, p95, backlog trend (kept for the plan's first-seen);
+7. policies   Danube's policy and Pulsar's shedders replayed on the same windows;
+8. plan       the latest assignment with p95 loads → `plan_rebalance` → plan.json; only
+              the hours of the planning horizon are read;
+9. report     report.html with PNG charts;
+10. upload    for remote outputs, copy everything up through fsspec.
+
+JSON is never parsed here except for hours not compacted yet; every analysis reads
+Parquet with explicit schemas.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ from pyspark.sql import types as T
 from ballast.balance.plan import plan_rebalance
 from ballast.balance.rankings import score_brokers
 from ballast.config import BallastConfig, Strategy
-from ballast.pipeline import ingest, report, shedding, snapshot, storage, transforms
+from ballast.pipeline import compact, report, shedding, snapshot, storage, transforms
+from ballast.pipeline.compact import DEFAULT_GRACE_SECONDS
 from ballast.pipeline.history import HISTORY_GLOB
 from ballast.pipeline.schemas import (
     BROKER_WINDOWS_SCHEMA,
@@ -48,11 +54,13 @@ from ballast.pipeline.schemas import (
 
 STAGES = (
     "stage",
-    "parse",
+    "compact",
+    "read",
     "quarantine",
     "brokers",
     "strategies",
     "topics",
+    "policies",
     "plan",
     "report",
     "upload",
@@ -78,7 +86,11 @@ class AnalyzeOptions:
     config: BallastConfig = field(default_factory=BallastConfig)
     max_moves: int | None = None
     storage_options: Mapping[str, Any] = field(default_factory=dict)
-    keep_staging: bool = False
+    keep_staging: bool = False  # unused: kept for callers of the earlier job
+    start: float | None = None  # --from (inclusive), epoch seconds
+    end: float | None = None  # --to (exclusive)
+    now: float | None = None  # the wall clock for "which hours are closed" (tests)
+    grace_seconds: float = DEFAULT_GRACE_SECONDS
 
 
 @dataclass(frozen=True)
@@ -99,6 +111,8 @@ class AnalysisResult:
     outputs: dict[str, str]
     warnings: tuple[str, ...]
     timings: dict[str, float]
+    compacted_hours: int = 0
+    open_hours: int = 0
 
 
 def parse_duration(text: str) -> float:
@@ -116,6 +130,26 @@ def parse_duration(text: str) -> float:
     if not seconds > 0:
         raise PipelineError(f"invalid duration {text!r}: must be positive")
     return seconds
+
+
+def parse_time(text: str) -> float:
+    """`2026-01-01`, `2026-01-01T05:30`, `2026-01-01T05:30:00Z` (no zone means UTC) or
+    epoch seconds → epoch seconds."""
+    value = text.strip()
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise PipelineError(
+            f"invalid time {text!r}: use an ISO date or time in UTC (2026-01-01, "
+            "2026-01-01T05:30, 2026-01-01T05:30:00Z) or epoch seconds"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
 
 
 def _iso(epoch: float) -> str:
@@ -152,26 +186,50 @@ def _select(frame: DataFrame, schema: Any) -> DataFrame:
     return transforms.conform(frame, [f.name for f in schema.fields])
 
 
-def _resolve_input(options: AnalyzeOptions, scratch: str) -> list[str]:
-    if storage.is_remote(options.history):
-        files = storage.stage_history(
-            options.history, os.path.join(scratch, "history"), options.storage_options
-        )
-    else:
-        root = storage.local_path(options.history)
-        if not os.path.isdir(root):
-            raise PipelineError(
-                f"history directory {options.history} does not exist: pass the directory the "
-                "history sink writes to (or create one with `ballast history generate`)"
-            )
-        files = storage.list_history_files(root)
-    if not files:
+def _in_range(frame: DataFrame, start: float | None, end: float | None) -> DataFrame:
+    if start is not None:
+        frame = frame.filter(F.col("timestamp") >= F.lit(float(start)))
+    if end is not None:
+        frame = frame.filter(F.col("timestamp") < F.lit(float(end)))
+    return frame
+
+
+def _range_text(options: AnalyzeOptions) -> str:
+    if options.start is None and options.end is None:
+        return ""
+    start = _iso(options.start) if options.start is not None else "the beginning"
+    end = _iso(options.end) if options.end is not None else "the end"
+    return f" between {start} and {end}"
+
+
+def _compact(
+    spark: SparkSession, options: AnalyzeOptions, scratch: str
+) -> tuple[compact.CompactionResult, compact.Columnar]:
+    if not storage.is_remote(options.history) and not os.path.isdir(
+        storage.local_path(options.history)
+    ):
         raise PipelineError(
-            f"no load history under {options.history}: expected files named "
-            f"{options.history.rstrip('/')}/{HISTORY_GLOB} (date=YYYY-MM-DD/hour=HH, UTC); "
-            "is the history sink enabled, or try `ballast history generate`"
+            f"history directory {options.history} does not exist: pass the directory the "
+            "history sink writes to (or create one with `ballast history generate`)"
         )
-    return files
+    result, columnar = compact.compact(
+        spark,
+        options.history,
+        scratch,
+        now=options.now,
+        grace_seconds=options.grace_seconds,
+        start=options.start,
+        end=options.end,
+        include_open=True,
+        storage_options=options.storage_options,
+    )
+    if not columnar.hours:
+        raise PipelineError(
+            f"no load history under {options.history}{_range_text(options)}: expected files "
+            f"named {options.history.rstrip('/')}/{HISTORY_GLOB} (date=YYYY-MM-DD/hour=HH, "
+            "UTC); is the history sink enabled, or try `ballast history generate`"
+        )
+    return result, columnar
 
 
 def _quarantine_summary(spark: SparkSession, path: str) -> list[dict[str, Any]]:
@@ -242,35 +300,38 @@ def run_analysis(
     )
     os.makedirs(out, exist_ok=True)
     paths = {name: os.path.join(out, name) for name in TABLES}
-    staging = os.path.join(out, "_staging", "checked")
-    staged = {name: os.path.join(out, "_staging", name) for name in ("brokers", "topics")}
     warnings: list[str] = []
+    persisted: list[DataFrame] = []
+    columnar: compact.Columnar | None = None
     try:
-        with stage("stage"):
-            files = _resolve_input(options, scratch)
+        with stage("compact"):
+            compaction, columnar = _compact(spark, options, scratch)
 
-        with stage("parse"):
-            lines = ingest.read_history_lines(spark, files)
-            lines.transform(ingest.with_parsed_reports).transform(
-                ingest.checked_records
-            ).write.mode("overwrite").parquet(staging)
-            checked = spark.read.parquet(staging)
-            by_kind = {
-                row["kind"]: row["count"] for row in checked.groupBy("kind").count().collect()
+        with stage("read"):
+            quarantine = columnar.read(spark, "quarantine")
+            quarantine_counts = {
+                row["kind"]: int(row["count"])
+                for row in quarantine.groupBy("kind").count().collect()
             }
-        records = sum(by_kind.values())
+            brokers = (
+                _in_range(columnar.read(spark, "brokers"), options.start, options.end)
+                .transform(transforms.broker_rows)
+                .persist()
+            )
+            persisted.append(brokers)
+            reports = brokers.count()
+            topics = _in_range(
+                columnar.read(spark, "topics"), options.start, options.end
+            ).transform(transforms.topic_rows)
+        records = reports + sum(quarantine_counts.values())
+        files = columnar.files
         if records == 0:
             raise PipelineError(
-                f"the {len(files)} history file(s) under {options.history} hold no records "
-                "(every line is blank): nothing to analyse yet"
+                f"the {files} history file(s) under {options.history}{_range_text(options)} "
+                "hold no records (every line is blank): nothing to analyse yet"
             )
 
         with stage("quarantine"):
-            valid = ingest.valid_records(checked)
-            reports = ingest.deduplicated(valid)
-            quarantine = ingest.invalid_records(checked).unionByName(
-                ingest.duplicate_records(valid)
-            )
             _write(
                 _select(quarantine, QUARANTINE_SCHEMA),
                 paths["quarantine"],
@@ -279,30 +340,17 @@ def run_analysis(
             )
             quarantine_summary = _quarantine_summary(spark, paths["quarantine"])
         quarantined = {row["kind"]: int(row["records"]) for row in quarantine_summary}
-        if by_kind.get(None, 0) == 0:
+        if reports == 0:
             first = quarantine_summary[0]["example"] if quarantine_summary else ""
             raise PipelineError(
-                f"none of the {records} records under {options.history} is a valid load report; "
-                f"see {options.out.rstrip('/')}/quarantine for every reason (e.g. {first})"
+                f"none of the {records} records under {options.history}{_range_text(options)} "
+                f"is a valid load report; see {options.out.rstrip('/')}/quarantine for every "
+                f"reason (e.g. {first})"
             )
-
-        with stage("explode"):
-            # Flat broker and topic rows, written once: every later stage (windows, the
-            # plan's latest assignment and p95 loads) reads plain columns instead of
-            # deduplicating and walking the nested topic lists again.
-            defaults = reports.transform(transforms.with_report_defaults)
-            defaults.transform(transforms.explode_brokers).write.mode("overwrite").parquet(
-                staged["brokers"]
-            )
-            defaults.transform(transforms.explode_topics).write.mode("overwrite").parquet(
-                staged["topics"]
-            )
-            broker_rows = spark.read.parquet(staged["brokers"])
-            topic_rows = spark.read.parquet(staged["topics"])
 
         with stage("brokers"):
             windows_pdf = (
-                broker_rows.transform(transforms.with_window, window)
+                brokers.transform(transforms.with_window, window)
                 .transform(transforms.broker_window_report)
                 .toPandas()
             )
@@ -315,7 +363,8 @@ def run_analysis(
             )
             scored = _select(
                 unscored.transform(transforms.with_strategy_scores), BROKER_WINDOWS_SCHEMA
-            ).cache()
+            ).persist()
+            persisted.append(scored)
             _write(scored, paths["broker_windows"], ["window_start", "broker_id"], True)
             brokers_pdf: pd.DataFrame = scored.toPandas()
 
@@ -332,39 +381,60 @@ def run_analysis(
             comparison_pdf = spark.read.parquet(paths["strategy_comparison"]).toPandas()
 
         with stage("topics"):
-            topic_windows = topic_rows.transform(transforms.with_window, window).transform(
-                transforms.topic_window_report
+            # Aggregated once and kept: the table, the top topics and the plan's
+            # first-seen times all read this result, never the topic rows again.
+            topic_windows = (
+                topics.transform(transforms.with_window, window)
+                .transform(transforms.topic_window_report, with_first_seen=True)
+                .persist()
             )
+            persisted.append(topic_windows)
             _write(
                 _select(topic_windows, TOPIC_WINDOWS_SCHEMA),
                 paths["topic_windows"],
                 ["window_start", "topic"],
                 False,
             )
-            written_topics = spark.read.parquet(paths["topic_windows"])
-            topic_count = written_topics.select("topic").distinct().count()
-            top_topics = _top_topics(written_topics)
+            first_seen = topic_windows.groupBy("topic").agg(F.min("first_seen").alias("first_seen"))
+            topic_count = first_seen.count()
+            top_topics = _top_topics(topic_windows)
 
         with stage("policies"):  # Danube's policy and Pulsar's shedders side by side
             policies = shedding.compare_policies(
-                brokers_pdf, written_topics.toPandas(), options.config.load_manager, strategy
+                brokers_pdf,
+                spark.read.parquet(paths["topic_windows"]).toPandas(),
+                options.config.load_manager,
+                strategy,
             )
             with open(os.path.join(out, "policy_comparison.json"), "w", encoding="utf-8") as fh:
                 json.dump(policies, fh, indent=2)
 
         with stage("plan"):
-            latest = [
-                r.asDict() for r in snapshot.latest_report_rows(broker_rows, topic_rows).collect()
-            ]
-            now = max(r["timestamp"] for r in latest)
+            now = float(brokers.agg(F.max("timestamp")).first()[0])  # type: ignore[index]
             since = now - horizon
+            # Only the hours the plan looks at are read (partition pruning by path).
+            recent_hours = [h for h in columnar.hours if h.overlaps(since, None)]
+            live_hours = [h for h in columnar.hours if h.overlaps(now - stale_after, None)]
+            recent_topics = _in_range(
+                columnar.read(spark, "topics", recent_hours), options.start, options.end
+            )
+            live_topics = _in_range(
+                columnar.read(spark, "topics", live_hours), options.start, options.end
+            )
+            latest = [
+                r.asDict()
+                for r in snapshot.latest_report_rows(
+                    brokers, live_topics.filter(F.col("timestamp") >= now - stale_after)
+                ).collect()
+            ]
             parts = snapshot.SnapshotParts(
                 latest=latest,
                 broker_p95=[
-                    r.asDict() for r in snapshot.broker_p95_report(broker_rows, since).collect()
+                    r.asDict() for r in snapshot.broker_p95_report(brokers, since).collect()
                 ],
                 topic_p95=[
-                    r.asDict() for r in snapshot.topic_p95_report(topic_rows, since).collect()
+                    r.asDict()
+                    for r in snapshot.topic_p95_report(recent_topics, since, first_seen).collect()
                 ],
             )
             built = snapshot.build_snapshot(parts, stale_after)
@@ -403,6 +473,11 @@ def run_analysis(
             warnings.append(
                 f"{total} record(s) quarantined ({kinds}): see {options.out.rstrip('/')}/quarantine"
             )
+        if compaction.open_hours:
+            warnings.append(
+                f"{len(compaction.open_hours)} hour(s) still being written were read from JSON "
+                "(compacted once closed)"
+            )
 
         strategies = _strategy_summary(comparison_pdf)
         with stage("report"):
@@ -411,7 +486,7 @@ def run_analysis(
                 "period": f"{_iso(start)} → {_iso(built.now)}",
                 "window": f"{window:g} s",
                 "records read": records,
-                "valid reports": by_kind.get(None, 0) - quarantined.get("duplicate", 0),
+                "valid reports": reports,
                 "quarantined": sum(quarantined.values()),
                 "brokers": ", ".join(all_brokers),
                 "topics": topic_count,
@@ -431,9 +506,6 @@ def run_analysis(
                 heat_metric,
             )
 
-        scored.unpersist()
-        if not options.keep_staging:
-            shutil.rmtree(os.path.join(out, "_staging"), ignore_errors=True)
         outputs = {**paths, "plan": plan_path, "report": report_path}
         outputs["policy_comparison"] = os.path.join(out, "policy_comparison.json")
         if remote_out:
@@ -444,9 +516,9 @@ def run_analysis(
                 storage.upload_tree(out, target, options.storage_options)
             outputs = {name: f"{target}/{os.path.relpath(p, out)}" for name, p in outputs.items()}
         return AnalysisResult(
-            files=len(files),
+            files=files,
             records=records,
-            reports=by_kind.get(None, 0) - quarantined.get("duplicate", 0),
+            reports=reports,
             quarantined=quarantined,
             brokers=all_brokers,
             topics=topic_count,
@@ -458,11 +530,14 @@ def run_analysis(
             outputs=outputs,
             warnings=tuple(warnings),
             timings=stage.timings,
+            compacted_hours=len(compaction.compacted),
+            open_hours=len(compaction.open_hours),
         )
     finally:
-        if not options.keep_staging:
-            # Also after a failure: the staged records are only an intermediate.
-            shutil.rmtree(os.path.join(out, "_staging"), ignore_errors=True)
+        for frame in persisted:
+            frame.unpersist()
+        if columnar is not None:
+            compact.remove_work(columnar)
         shutil.rmtree(scratch, ignore_errors=True)
 
 

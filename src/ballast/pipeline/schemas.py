@@ -1,11 +1,20 @@
 """Every schema the pipeline reads or writes, stated once (never inferred).
 
-`REPORT_SCHEMA` is the load-history line (`LoadReport.to_dict()` plus optional `state`);
-`CORRUPT_COLUMN` receives the raw line when it is not valid JSON or a value has the wrong
-type. `LENIENT_REPORT_SCHEMA` reads the same fields as strings: comparing it with the
-typed parse tells which field had the wrong type. The derived totals in the file
-(`topic_count`, `total_*`) are not read: the pipeline recomputes them from the topics, as
-`LoadReport.from_dict` does. Unknown fields are ignored.
+`REPORT_SCHEMA` reads a load-history line (`LoadReport.to_dict()` plus optional `state`)
+with Spark's JSON reader; `CORRUPT_COLUMN` receives the raw line when it is not valid JSON
+or a value has the wrong type. `broker_id` is read as a VARIANT so that a number or `true`
+(which a string field would silently turn into "5" / "true") is told apart from a string.
+`LENIENT_REPORT_SCHEMA` reads the same fields as strings: comparing it with the typed
+parse tells which field had the wrong type (only for lines the typed parse rejected). The
+derived totals in the file (`topic_count`, `total_*`) are not read: the pipeline
+recomputes them from the topics with the model's own rule (`report_totals`). Unknown
+fields are ignored.
+
+The columnar history (`compact.py`) has three tables, each partitioned by
+`date=YYYY-MM-DD/hour=HH` exactly like the JSON files: `TOPIC_TABLE_SCHEMA` (one row per
+report and topic), `BROKER_TABLE_SCHEMA` (one row per report, with the totals) and
+`QUARANTINE_SCHEMA`. The partition columns are not part of these schemas: readers pick
+partitions by path (see `compact.py`).
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ TOPIC_COUNT_FIELDS = ("producers", "consumers", "subscriptions", "backlog")
 
 REPORT_SCHEMA = T.StructType(
     [
-        T.StructField("broker_id", T.StringType()),
+        T.StructField("broker_id", T.VariantType()),
         *(T.StructField(name, T.DoubleType()) for name in REPORT_NUMBER_FIELDS),
         T.StructField("state", T.StringType()),
         T.StructField("topics", T.ArrayType(TOPIC_LOAD_SCHEMA)),
@@ -60,7 +69,38 @@ LENIENT_REPORT_SCHEMA = T.StructType(
 )
 LENIENT_TOPICS_SCHEMA = T.ArrayType(LENIENT_TOPIC_SCHEMA)
 
-# --- output tables ----------------------------------------------------------------------
+# --- the columnar history (written by `ballast history compact`) ------------------------
+
+# `report_id` links a topic row to its report's broker row (unique within a compaction).
+TOPIC_TABLE_SCHEMA = T.StructType(
+    [
+        T.StructField("report_id", T.LongType()),
+        T.StructField("broker_id", T.StringType()),
+        T.StructField("timestamp", T.DoubleType()),
+        *TOPIC_LOAD_SCHEMA.fields,
+    ]
+)
+
+# One row per valid, deduplicated report: its own fields (defaults filled in) and the
+# totals over its topics (`ballast.model.report_totals`).
+BROKER_TABLE_SCHEMA = T.StructType(
+    [
+        T.StructField("report_id", T.LongType()),
+        T.StructField("source", T.StringType()),
+        T.StructField("broker_id", T.StringType()),
+        T.StructField("timestamp", T.DoubleType()),
+        T.StructField("state", T.StringType()),
+        T.StructField("cpu_percent", T.DoubleType()),
+        T.StructField("memory_percent", T.DoubleType()),
+        T.StructField("disk_io_bps", T.DoubleType()),
+        T.StructField("network_io_bps", T.DoubleType()),
+        T.StructField("topic_count", T.LongType()),
+        T.StructField("throughput_mbps", T.DoubleType()),
+        T.StructField("msg_rate", T.DoubleType()),
+        T.StructField("backlog", T.LongType()),
+        T.StructField("connections", T.LongType()),
+    ]
+)
 
 QUARANTINE_SCHEMA = T.StructType(
     [
@@ -74,6 +114,14 @@ QUARANTINE_SCHEMA = T.StructType(
         T.StructField("raw", T.StringType()),
     ]
 )
+
+COLUMNAR_SCHEMAS: dict[str, T.StructType] = {
+    "topics": TOPIC_TABLE_SCHEMA,
+    "brokers": BROKER_TABLE_SCHEMA,
+    "quarantine": QUARANTINE_SCHEMA,
+}
+
+# --- output tables of `ballast analyze` -------------------------------------------------
 
 _STATS = ("mean", "p95", "max")
 

@@ -49,6 +49,56 @@ def list_history_files(root: str, options: Mapping[str, Any] | None = None) -> l
     return [f"{scheme}://{path}" for path in found]
 
 
+def history_file_sizes(root: str, options: Mapping[str, Any] | None = None) -> dict[str, int]:
+    """History files under `root` as {path relative to root: size in bytes}."""
+    fs, base = _fs(root, options or {})
+    base = base.rstrip("/")
+    if not fs.exists(base):
+        return {}
+    found = fs.glob(f"{base}/{HISTORY_GLOB}", detail=True)
+    return {
+        os.path.relpath(path, base).replace(os.sep, "/"): int(info.get("size") or 0)
+        for path, info in sorted(found.items())
+        if info.get("type", "file") == "file"
+    }
+
+
+def download_files(
+    root: str, relatives: list[str], local_dir: str, options: Mapping[str, Any] | None = None
+) -> None:
+    """Copy the given files (relative to `root`) to the same relative paths in `local_dir`."""
+    fs, base = _fs(root, options or {})
+    base = base.rstrip("/")
+    for relative in relatives:
+        target = os.path.join(local_dir, relative)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        fs.get(f"{base}/{relative}", target)
+
+
+def download_tree(url: str, local_dir: str, options: Mapping[str, Any] | None = None) -> None:
+    """Copy every file under `url` (if it exists) into `local_dir`, keeping the layout."""
+    fs, base = _fs(url, options or {})
+    base = base.rstrip("/")
+    if not fs.exists(base):
+        return
+    for path in fs.find(base):
+        target = os.path.join(local_dir, os.path.relpath(path, base))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        fs.get(path, target)
+
+
+def upload_file(local: str, url: str, options: Mapping[str, Any] | None = None) -> None:
+    """Upload one file."""
+    fs, target = _fs(url, options or {})
+    fs.put_file(local, target)
+
+
+def replace_tree(local_dir: str, url: str, options: Mapping[str, Any] | None = None) -> None:
+    """Replace the directory at `url` with the files of `local_dir`."""
+    remove_tree(url, options)
+    upload_tree(local_dir, url, options)
+
+
 def stage_history(root: str, local_dir: str, options: Mapping[str, Any] | None = None) -> list[str]:
     """Copy a remote history's files to `local_dir`, keeping the layout; return the local
     file paths (sorted)."""

@@ -3,9 +3,8 @@
 Each step takes a DataFrame and returns one, states its output columns in a `select`, and
 is composed with `DataFrame.transform`:
 
-    brokers = reports.transform(with_report_defaults).transform(explode_brokers) \\
-        .transform(with_window, 300).transform(broker_window_report) \\
-        .transform(with_strategy_scores)
+    brokers = broker_table.transform(broker_rows).transform(with_window, 300) \\
+        .transform(broker_window_report).transform(with_strategy_scores)
 
 Scores come from `ballast.balance.scoring`, applied to Spark columns; the rules around
 them are the core's (`balance/rankings.py`, `balance/imbalance.py`): WeightedLoad divides
@@ -22,23 +21,24 @@ import pandas as pd
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from ballast.balance.imbalance import classify
 from ballast.balance.scoring import (
-    Ops,
     balanced_score,
+    balanced_with_fallback,
+    coefficient_of_variation,
     ewma,
     fair_score,
+    normalise,
+    reports_resources,
     topic_load_score,
     weighted_load_score,
 )
 from ballast.config import Strategy
-from ballast.model import BrokerMode
+from ballast.model import BrokerMode, throughput_mbps, topic_connections
+from ballast.pipeline.rules import SPARK_OPS
 from ballast.pipeline.shedding import PULSAR_SCORE_COLUMNS, pulsar_score_columns
 
-# WeightedLoad's two non-arithmetic operations, for Spark columns.
-SPARK_OPS = Ops(
-    where=lambda c, a, b: F.when(c, a).otherwise(b),
-    maximum=lambda a, b: F.greatest(a, b),
-)
+__all__ = ["SPARK_OPS"]  # re-exported: where the pipeline's engine operations used to be
 P95 = 0.95
 EWMA_HISTORY_WEIGHT = 0.9  # Pulsar's ThresholdShedder
 SCORE_COLUMNS = {
@@ -67,75 +67,23 @@ BROKER_ROW_COLUMNS = (
 )
 
 
-def _zero(column: str | Column, kind: str = "double") -> Column:
-    col = F.col(column) if isinstance(column, str) else column
-    return F.coalesce(col, F.lit(0).cast(kind))
-
-
-def with_report_defaults(reports: DataFrame) -> DataFrame:
-    """Fill absent optional fields with `LoadReport`'s defaults (0, no topics, active)."""
-    topic = lambda t: F.struct(  # noqa: E731 - a lambda is what F.transform takes
-        t["topic"].alias("topic"),
-        _zero(t["msg_rate"]).alias("msg_rate"),
-        _zero(t["byte_rate"]).alias("byte_rate"),
-        _zero(t["producers"], "long").alias("producers"),
-        _zero(t["consumers"], "long").alias("consumers"),
-        _zero(t["subscriptions"], "long").alias("subscriptions"),
-        _zero(t["backlog"], "long").alias("backlog"),
-    )
-    return reports.select(
-        "broker_id",
-        "timestamp",
-        F.coalesce(F.col("state"), F.lit(BrokerMode.ACTIVE.value)).alias("state"),
-        _zero("cpu_percent").alias("cpu_percent"),
-        _zero("memory_percent").alias("memory_percent"),
-        _zero("disk_io_bps").alias("disk_io_bps"),
-        _zero("network_io_bps").alias("network_io_bps"),
-        F.transform(F.coalesce(F.col("topics"), F.array()), topic).alias("topics"),
-    )
-
-
-def _sum_of(field: str, kind: str) -> Column:
-    # In array order from zero, as LoadReport adds them: the same float, bit for bit.
-    return F.aggregate(F.col("topics"), F.lit(0).cast(kind), lambda acc, t: acc + t[field])
-
-
-def explode_brokers(reports: DataFrame) -> DataFrame:
-    """One row per report with the broker's totals, its weighted topic load (the
-    core's: `topic_load_score` of the totals) and Pulsar's usage, max(cpu%, memory%)."""
-    totals = reports.select(
-        "broker_id",
-        "timestamp",
-        "state",
-        "cpu_percent",
-        "memory_percent",
-        "disk_io_bps",
-        "network_io_bps",
-        F.size("topics").cast("long").alias("topic_count"),
-        (_sum_of("byte_rate", "double") / 1_000_000).alias("throughput_mbps"),
-        _sum_of("msg_rate", "double").alias("msg_rate"),
-        F.aggregate(
-            F.col("topics"),
-            F.lit(0).cast("long"),
-            lambda acc, t: acc + t["producers"] + t["consumers"],
-        ).alias("connections"),
-        _sum_of("backlog", "long").alias("backlog"),
-    )
-    return totals.select(
+def broker_rows(brokers: DataFrame) -> DataFrame:
+    """The broker table's rows with the core's derived figures: the weighted topic load
+    (`topic_load_score` of the report's totals) and Pulsar's usage, max(cpu%, memory%)."""
+    return brokers.select(
         *BROKER_ROW_COLUMNS[:-2],
         topic_load_score(
             F.col("topic_count"), F.col("throughput_mbps"), F.col("connections"), F.col("backlog")
         ).alias("weighted_topic_load"),
-        F.greatest(F.col("cpu_percent"), F.col("memory_percent")).alias("usage"),
+        SPARK_OPS.maximum(F.col("cpu_percent"), F.col("memory_percent")).alias("usage"),
     )
 
 
-def explode_topics(reports: DataFrame) -> DataFrame:
-    """One row per topic per report, with its throughput, connections and load score."""
-    rows = reports.select("broker_id", "timestamp", F.inline("topics"))
-    throughput = F.col("byte_rate") / 1_000_000
-    connections = F.col("producers") + F.col("consumers")
-    return rows.select(
+def topic_rows(topics: DataFrame) -> DataFrame:
+    """The topic table's rows with connections and the topic's load score (the core's
+    `topic_connections`, `throughput_mbps` and `topic_load_score`)."""
+    connections = topic_connections(F.col("producers"), F.col("consumers"))
+    return topics.select(
         "broker_id",
         "timestamp",
         "topic",
@@ -146,7 +94,9 @@ def explode_topics(reports: DataFrame) -> DataFrame:
         "subscriptions",
         "backlog",
         connections.alias("connections"),
-        topic_load_score(F.lit(1), throughput, connections, F.col("backlog")).alias("load_score"),
+        topic_load_score(
+            F.lit(1), throughput_mbps(F.col("byte_rate")), connections, F.col("backlog")
+        ).alias("load_score"),
     )
 
 
@@ -237,14 +187,11 @@ def with_strategy_scores(broker_windows: DataFrame) -> DataFrame:
     means, normalised against the brokers of the same window."""
     cluster = Window.partitionBy("window_start").rowsBetween(*_WHOLE_PARTITION)
 
-    def peak(column: str) -> Column:
-        return F.greatest(F.lit(1.0), F.max(column).over(cluster))
-
     def norm(column: str) -> Column:
-        return F.col(column) / peak(column)
+        return normalise(F.col(column), F.max(column).over(cluster), SPARK_OPS)
 
-    reports_resources = (F.max("cpu_percent_mean").over(cluster) > 0) | (
-        F.max("memory_percent_mean").over(cluster) > 0
+    resources = reports_resources(
+        F.max("cpu_percent_mean").over(cluster), F.max("memory_percent_mean").over(cluster)
     )
     fair = fair_score(F.col("topic_count_mean"))
     balanced = balanced_score(
@@ -262,7 +209,7 @@ def with_strategy_scores(broker_windows: DataFrame) -> DataFrame:
     return broker_windows.select(
         "*",
         fair.alias("score_fair"),
-        F.when(reports_resources, balanced).otherwise(fair).alias("score_balanced"),
+        balanced_with_fallback(balanced, fair, resources, SPARK_OPS).alias("score_balanced"),
         weighted.alias("score_weighted_load"),
         *pulsar_score_columns(),
     )
@@ -293,11 +240,8 @@ def with_classification(scores: DataFrame) -> DataFrame:
     active_score = F.when(active, F.col("score"))
     mean = F.avg(active_score).over(group)
     std = F.stddev_pop(active_score).over(group)
-    cls = (
-        F.when(~active, F.lit("inactive"))
-        .when(F.col("score") > mean + std, F.lit("overloaded"))
-        .when((F.col("score") < mean - std) & (F.col("score") < mean * 0.5), F.lit("underloaded"))
-        .otherwise(F.lit("normal"))
+    cls = F.when(~active, F.lit("inactive")).otherwise(
+        classify(F.col("score"), mean, std, SPARK_OPS)
     )
     return scores.withColumn("class", cls)
 
@@ -320,9 +264,7 @@ def strategy_comparison_report(scores: DataFrame, cv_threshold: float) -> DataFr
         brokers_in("overloaded").alias("overloaded"),
         brokers_in("underloaded").alias("underloaded"),
     )
-    cv = F.when(
-        (F.col("brokers") >= 2) & (F.col("mean") > 0), F.col("std") / F.col("mean")
-    ).otherwise(F.lit(0.0))
+    cv = coefficient_of_variation(F.col("std"), F.col("mean"), F.col("brokers"), SPARK_OPS)
     return stats.select(
         "window_start",
         "window_end",
@@ -339,9 +281,12 @@ def strategy_comparison_report(scores: DataFrame, cv_threshold: float) -> DataFr
     )
 
 
-def topic_window_report(topic_rows: DataFrame) -> DataFrame:
+def topic_window_report(topic_rows: DataFrame, with_first_seen: bool = False) -> DataFrame:
     """Per topic and window: mean and p95 rates and load score, mean connections, and the
-    backlog trend (first, last, last − first, least-squares slope per second)."""
+    backlog trend (first, last, last − first, least-squares slope per second); with
+    `with_first_seen`, also `first_seen`, the window's first timestamp (the job keeps it
+    for the plan instead of scanning the topic rows again)."""
+    extra = [F.min("timestamp").alias("first_seen")] if with_first_seen else []
     return (
         topic_rows.groupBy("window_start", "window_end", "topic")
         .agg(
@@ -357,6 +302,7 @@ def topic_window_report(topic_rows: DataFrame) -> DataFrame:
             F.min_by("backlog", "timestamp").alias("backlog_first"),
             F.max_by("backlog", "timestamp").alias("backlog_last"),
             F.regr_slope(F.col("backlog"), F.col("timestamp")).alias("backlog_slope"),
+            *extra,
         )
         .select(
             "window_start",
@@ -375,6 +321,7 @@ def topic_window_report(topic_rows: DataFrame) -> DataFrame:
             "backlog_last",
             (F.col("backlog_last") - F.col("backlog_first")).alias("backlog_delta"),
             "backlog_slope",
+            *(["first_seen"] if with_first_seen else []),
         )
     )
 
