@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import shutil
 import time
@@ -51,7 +52,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ballast.pipeline import ingest, rules, storage
+from ballast.pipeline import arrow_compact, ingest, rules, storage
 from ballast.pipeline.schemas import (
     BROKER_TABLE_SCHEMA,
     COLUMNAR_SCHEMAS,
@@ -68,6 +69,8 @@ DEFAULT_GRACE_SECONDS = 300.0
 # Concurrent Parquet writers per task: enough that a task holding many hours' rows writes
 # them without first sorting every row by hour.
 MAX_CONCURRENT_WRITERS = "128"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, order=True)
@@ -461,18 +464,14 @@ def _counts(spark: SparkSession, work: str) -> dict[Hour, dict[str, Any]]:
     return counts
 
 
-def compact_files(
+def _compact_with_spark(
     spark: SparkSession, history_root: str, files: Mapping[Hour, Mapping[str, int]], work: str
-) -> dict[Hour, HourMarker]:
-    """Compact the given hours' files (paths relative to `history_root`, local) into
-    `work/{topics,brokers,quarantine}/date=…/hour=…`; return each hour's marker (nothing
-    is committed here)."""
+) -> dict[Hour, dict[str, Any]]:
+    """The Spark path: the given hours' files into `work/{table}/date=…/hour=…`; returns
+    each hour's row counts."""
     paths = [
         os.path.join(history_root, name) for hour in sorted(files) for name in sorted(files[hour])
     ]
-    now = time.time()
-    if not paths:
-        return {}
     previous = spark.conf.get("spark.sql.maxConcurrentOutputFileWriters", "0") or "0"
     spark.conf.set("spark.sql.maxConcurrentOutputFileWriters", MAX_CONCURRENT_WRITERS)
     try:
@@ -487,7 +486,84 @@ def compact_files(
     finally:
         spark.conf.set("spark.sql.maxConcurrentOutputFileWriters", previous)
     shutil.rmtree(os.path.join(work, "_stage"), ignore_errors=True)
-    counts = _counts(spark, work)
+    return _counts(spark, work)
+
+
+def _convert_clean_files(
+    spark: SparkSession, history_root: str, files: Mapping[Hour, Mapping[str, int]], work: str
+) -> tuple[dict[Hour, dict[str, Any]], dict[Hour, str]]:
+    """The fast path (`arrow_compact`), one Spark task per file. Returns the row counts
+    of the hours it converted, and for every other hour why it must take the Spark path:
+    a file that is not clean, or two reports of one broker with the same timestamp."""
+    tasks = [
+        arrow_compact.FileTask(
+            index=index,
+            path=os.path.join(history_root, name),
+            source=name,
+            topics_dir=os.path.join(work, "topics", hour.name),
+            brokers_dir=os.path.join(work, "brokers", hour.name),
+        )
+        for index, (hour, name) in enumerate(
+            (hour, name) for hour in sorted(files) for name in sorted(files[hour])
+        )
+    ]
+    results = (
+        spark.sparkContext.parallelize(tasks, len(tasks)).map(arrow_compact.convert_file).collect()
+    )
+    by_hour: dict[Hour, list[arrow_compact.FileResult]] = {}
+    for result in results:
+        by_hour.setdefault(Hour.from_source(result.source), []).append(result)
+    counts: dict[Hour, dict[str, Any]] = {}
+    slow: dict[Hour, str] = {}
+    for hour, converted in by_hour.items():
+        unclean = [r for r in converted if not r.clean]
+        keys = [key for r in converted for key in r.keys]
+        if unclean:
+            slow[hour] = f"{unclean[0].source}: {unclean[0].why}"
+        elif len(set(keys)) != len(keys):
+            slow[hour] = "two reports of one broker with the same timestamp"
+        else:
+            counts[hour] = {
+                "topics": sum(r.topic_rows for r in converted),
+                "brokers": sum(r.reports for r in converted),
+                "quarantine": {},
+            }
+    for hour in slow:
+        for table in ("topics", "brokers"):
+            shutil.rmtree(os.path.join(work, table, hour.name), ignore_errors=True)
+    return counts, slow
+
+
+def compact_files(
+    spark: SparkSession, history_root: str, files: Mapping[Hour, Mapping[str, int]], work: str
+) -> dict[Hour, HourMarker]:
+    """Compact the given hours' files (paths relative to `history_root`, local) into
+    `work/{topics,brokers,quarantine}/date=…/hour=…`; return each hour's marker (nothing
+    is committed here).
+
+    Clean hours take the fast path; an hour with anything to quarantine is compacted
+    again, whole, by the Spark path, which names every problem."""
+    files = {hour: hour_files for hour, hour_files in files.items() if hour_files}
+    if not files:
+        return {}
+    now = time.time()
+    counts, slow = _convert_clean_files(spark, history_root, files, work)
+    if slow:
+        for hour, why in sorted(slow.items()):
+            log.info("hour %s takes the Spark path (%s)", hour.name, why)
+        spark_work = os.path.join(work, "_spark")
+        counts.update(
+            _compact_with_spark(spark, history_root, {h: files[h] for h in slow}, spark_work)
+        )
+        for hour in slow:
+            for table in TABLES:
+                source = os.path.join(spark_work, table, hour.name)
+                if os.path.isdir(source):
+                    os.makedirs(
+                        os.path.dirname(os.path.join(work, table, hour.name)), exist_ok=True
+                    )
+                    os.rename(source, os.path.join(work, table, hour.name))
+        shutil.rmtree(spark_work, ignore_errors=True)
     markers = {}
     for hour, hour_files in files.items():
         found = counts.get(hour, {"topics": 0, "brokers": 0, "quarantine": {}})
