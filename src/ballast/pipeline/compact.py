@@ -24,9 +24,14 @@ like the JSON files:
 - **Quarantine at this step.** Bad lines get the same kinds and reasons as always
   (`ingest.py`); duplicates (same broker and timestamp; the sink files a report under its
   timestamp's hour, so copies are always in the same hour) are found per hour.
-- **JSON is parsed once.** One Spark job reads the JSON and writes flat staging rows
-  (report rows, topic rows and quarantine rows, partitioned by table and hour); a second,
-  columnar pass removes duplicates and writes the final tables.
+- **JSON is parsed once, by the fastest path that is exact.** Clean files (every line
+  one valid report: nearly all of them) are converted by Arrow's JSON reader with
+  vectorised checks, one Spark task per file (`arrow_compact.py`). An hour with anything
+  to quarantine — a bad line, a duplicate — is compacted whole by the Spark path instead:
+  one Spark job reads the JSON and writes flat staging rows, a second, columnar pass
+  removes duplicates and writes the final tables. Both write the same rows (tested).
+  Executors read the history's local files: on a multi-host cluster the history must be
+  on a file system every worker mounts, and `ballast` installed on every worker.
 
 One compaction at a time per history (a lock file, `_columnar/.lock`). A history under
 `s3://` (any fsspec URL) is compacted in a local mirror; new partitions are uploaded
