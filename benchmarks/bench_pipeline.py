@@ -263,7 +263,11 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--sizes", default="1M,10M,30M", help="comma-separated: 1M, 10M, 30M")
-    parser.add_argument("--driver-memory", default="4g")
+    parser.add_argument(
+        "--driver-memory",
+        default="1g",
+        help="the Spark driver's heap (the goal: the whole job with the driver under 2 GB RSS)",
+    )
     parser.add_argument("--workdir", default=None, help="where to generate (default: a temp dir)")
     parser.add_argument("--no-pandas", action="store_true", help="skip the pandas baseline")
     args = parser.parse_args()
