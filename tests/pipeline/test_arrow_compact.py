@@ -103,6 +103,11 @@ def test_clean_lines_take_the_models_defaults_and_totals() -> None:
     ]
 
 
+def test_reports_without_topics_and_empty_files_are_clean() -> None:
+    topics, brokers = arrow_compact.convert(_lines({"broker_id": "b", "timestamp": 1}), 0, "x")
+    assert topics.num_rows == 0 and brokers.column("topic_count").to_pylist() == [0]
+
+
 def test_segment_totals_are_the_models_left_fold() -> None:
     rng = np.random.default_rng(7)
     lengths = rng.integers(0, 40, size=200)

@@ -177,10 +177,16 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Turn every closed hour of JSON lines into the columnar history (Parquet).
 
-        Writes HISTORY/_columnar/{topics,brokers,quarantine}/date=…/hour=… once per hour:
-        incremental (only new or changed hours), idempotent (a re-run does nothing) and
-        atomic per hour (a crash leaves no partial hour visible). Hours still being
-        written are left as JSON until they close. `analyze` runs this step itself.
+        Writes HISTORY/_columnar/{topics,brokers,quarantine}/date=…/hour=…, once per hour.
+
+        Incremental: only new or changed hours. Idempotent: a re-run does nothing.
+
+        Atomic per hour: a crash leaves no partial hour visible.
+
+        Clean files are converted by Arrow on the executors; an hour with anything to
+        quarantine goes through Spark's JSON reader, which names every problem.
+
+        Hours still being written stay JSON until they close. `analyze` runs this step.
         """
         import shutil
         import tempfile

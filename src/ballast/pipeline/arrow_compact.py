@@ -185,10 +185,14 @@ def _numbers(column: pa.Array, name: str, required: bool) -> np.ndarray:
     return values
 
 
+def _every(condition: pa.Array) -> bool:
+    """Whether a boolean column holds only true (an empty one does)."""
+    return pc.all(condition, skip_nulls=False, min_count=0).as_py() is True
+
+
 def _all_match(names: pa.Array, regex: str, name: str) -> None:
     _require(names.null_count == 0, f"{name}: missing")
-    unique = pc.unique(names)
-    _require(bool(pc.all(pc.match_substring_regex(unique, regex)).as_py()), f"{name}: invalid")
+    _require(_every(pc.match_substring_regex(pc.unique(names), regex)), f"{name}: invalid")
 
 
 def _non_blank_lines(data: bytes) -> int:
@@ -222,7 +226,7 @@ def convert(data: bytes, index: int, source: str) -> tuple[pa.Table, pa.Table]:
         _require(bool((report[name] <= 100).all()), f"{name}: above 100")
     state = column("state")
     state = state.fill_null(BrokerMode.ACTIVE.value) if state.null_count else state
-    _require(bool(pc.all(pc.is_in(state, pa.array(STATES))).as_py() is not False), "state")
+    _require(_every(pc.is_in(state, pa.array(STATES))), "state: unknown")
 
     topics = column("topics")  # an absent list is an empty one, as in the model
     lengths = pc.list_value_length(topics).fill_null(0).to_numpy(zero_copy_only=False)
