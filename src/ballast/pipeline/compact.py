@@ -441,31 +441,34 @@ def _write_tables(
 
 
 def _counts(spark: SparkSession, work: str) -> dict[Hour, dict[str, Any]]:
+    """Rows per hour of each table written under `work` (one Spark job for all three)."""
+    partitions = [T.StructField("date", T.StringType()), T.StructField("hour", T.StringType())]
+    parts = []
+    for table in TABLES:
+        path = os.path.join(work, table)
+        if os.path.isdir(path):
+            rows = spark.read.schema(T.StructType([*COLUMNAR_SCHEMAS[table].fields, *partitions]))
+            kind = F.col("kind") if table == "quarantine" else F.lit(None).cast("string")
+            parts.append(
+                rows.parquet(path)
+                .groupBy("date", "hour", kind.alias("kind"))
+                .agg(F.count(F.lit(1)).alias("rows"))
+                .withColumn("table", F.lit(table))
+            )
     counts: dict[Hour, dict[str, Any]] = {}
-
-    def entry(row: Any) -> dict[str, Any]:
-        return counts.setdefault(
+    if not parts:
+        return counts
+    union = parts[0]
+    for part in parts[1:]:
+        union = union.unionByName(part)
+    for row in union.collect():
+        entry = counts.setdefault(
             Hour(row["date"], row["hour"]), {"topics": 0, "brokers": 0, "quarantine": {}}
         )
-
-    partitions = T.StructType(
-        [T.StructField("date", T.StringType()), T.StructField("hour", T.StringType())]
-    )
-    for table in ("topics", "brokers"):
-        path = os.path.join(work, table)
-        if not os.path.isdir(path):
-            continue
-        schema = T.StructType([*COLUMNAR_SCHEMAS[table].fields, *partitions.fields])
-        for row in (
-            spark.read.schema(schema).parquet(path).groupBy("date", "hour").count().collect()
-        ):
-            entry(row)[table] = int(row["count"])
-    path = os.path.join(work, "quarantine")
-    if os.path.isdir(path):
-        schema = T.StructType([*QUARANTINE_SCHEMA.fields, *partitions.fields])
-        rows = spark.read.schema(schema).parquet(path).groupBy("date", "hour", "kind").count()
-        for row in rows.collect():
-            entry(row)["quarantine"][row["kind"]] = int(row["count"])
+        if row["table"] == "quarantine":
+            entry["quarantine"][row["kind"]] = int(row["rows"])
+        else:
+            entry[row["table"]] = int(row["rows"])
     return counts
 
 
