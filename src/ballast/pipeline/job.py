@@ -327,7 +327,9 @@ def run_analysis(
             persisted.append(brokers)
             # One job: materialises the cache and gives the count and the history's end.
             totals = brokers.agg(
-                F.count(F.lit(1)).alias("reports"), F.max("timestamp").alias("now")
+                F.count(F.lit(1)).alias("reports"),
+                F.max("timestamp").alias("now"),
+                F.collect_set("broker_id").alias("broker_ids"),
             ).first()
             assert totals is not None
             reports = int(totals["reports"])
@@ -399,7 +401,11 @@ def run_analysis(
             # replay's windows all read this result, never the topic rows again.
             topic_windows = (
                 topics.transform(transforms.with_window, window)
-                .transform(transforms.topic_window_report, with_first_seen=True)
+                .transform(
+                    transforms.topic_window_report,
+                    with_first_seen=True,
+                    brokers=totals["broker_ids"],
+                )
                 .persist()
             )
             persisted.append(topic_windows)
