@@ -11,7 +11,9 @@ Stages (each timed, and announced through `progress` for the console):
 4. brokers    broker windows: aggregates, Pulsar's smoothed usage, strategy scores;
 5. strategies CV, min, max, overloaded/underloaded brokers per window and strategy;
 6. topics     topic windows: rates, p95, backlog trend (kept for the plan's first-seen);
-7. policies   Danube's policy and Pulsar's shedders replayed on the same windows;
+7. policies   Danube's policy and Pulsar's shedders replayed on the windows starting in
+              the planning horizon (the history the plan looks at: a cost that does not
+              grow with the history's length);
 8. plan       the latest assignment with p95 loads → `plan_rebalance` → plan.json; only
               the hours of the planning horizon are read;
 9. report     report.html with PNG charts;
