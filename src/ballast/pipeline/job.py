@@ -363,8 +363,12 @@ def run_analysis(
             )
 
         with stage("brokers"):
+            # Broker rows are few (one per report) and so are their windows: one partition
+            # each, so the group-by and the scores' window functions need no shuffle (and
+            # the strategy comparison below, read from `scored`, none either).
             windows_pdf = (
-                brokers.transform(transforms.with_window, window)
+                brokers.coalesce(1)
+                .transform(transforms.with_window, window)
                 .transform(transforms.broker_window_report)
                 .toPandas()
             )
@@ -374,7 +378,7 @@ def run_analysis(
             )
             unscored = spark.createDataFrame(
                 windows_pdf[unscored_schema.fieldNames()], schema=unscored_schema
-            )
+            ).coalesce(1)
             scored = _select(
                 unscored.transform(transforms.with_strategy_scores), BROKER_WINDOWS_SCHEMA
             ).persist()
@@ -462,9 +466,14 @@ def run_analysis(
             latest = [
                 r.asDict()
                 for r in snapshot.latest_report_rows(
-                    brokers, live_topics.filter(F.col("timestamp") >= now - stale_after)
+                    brokers.coalesce(1),  # few rows: aggregated without a shuffle
+                    live_topics.filter(F.col("timestamp") >= now - stale_after),
                 )
-                .join(snapshot.broker_p95_report(brokers, since), on="broker_id", how="left")
+                .join(
+                    snapshot.broker_p95_report(brokers.coalesce(1), since),
+                    on="broker_id",
+                    how="left",
+                )
                 .collect()
             ]
             parts = snapshot.SnapshotParts(

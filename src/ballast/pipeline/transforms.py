@@ -117,10 +117,11 @@ def percentile_linear(column: str | Column, q: float = P95) -> Column:
 
     Spark's own `percentile` gives the same value but keeps a hash map per group and was
     4x slower here than sorting the collected values, which for windows of a few dozen
-    samples is cheap.
+    samples is cheap. `sort_array` (compiled comparison), not `array_sort` (a comparator
+    lambda, interpreted): same order for the null-free collected values, and faster.
     """
     col = F.col(column) if isinstance(column, str) else column
-    values = F.array_sort(F.collect_list(col))
+    values = F.sort_array(F.collect_list(col))
     n = F.size(values)
     position = (n - 1).cast("double") * F.lit(float(q))
     low = F.floor(position).cast("int")
