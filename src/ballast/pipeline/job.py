@@ -389,9 +389,9 @@ def run_analysis(
         with stage("strategies"):
             # Kept for the two reads (the table and the driver's copy): computed once.
             comparison = _select(
-                scored.transform(transforms.strategy_scores_long).transform(
-                    transforms.strategy_comparison_report, rules.cv_threshold
-                ),
+                scored.transform(transforms.strategy_scores_long)
+                .coalesce(1)  # one partition, known as such: no shuffle for the windows
+                .transform(transforms.strategy_comparison_report, rules.cv_threshold),
                 STRATEGY_COMPARISON_SCHEMA,
             ).persist()
             persisted.append(comparison)
