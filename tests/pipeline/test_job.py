@@ -69,7 +69,8 @@ def test_outputs_have_the_stated_schemas(
     assert len(comparison) == len(Strategy) * 24
     policies = json.loads((tmp_path / "policy_comparison.json").read_text())
     assert [p["policy"] for p in policies] == ["danube", "threshold", "overload", "uniform"]
-    assert all(p["windows"] == 24 for p in policies)
+    # Replayed over the planning horizon's windows (1 h of 5-minute windows), not all 24.
+    assert all(p["windows"] == 12 for p in policies)
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["strategy"] == "balanced"
     assert plan["departed_brokers"][0]["broker_id"] == "broker-2"
@@ -133,9 +134,19 @@ def test_plan_respects_blacklist_age_and_broker_states(spark: SparkSession, tmp_
 def test_max_moves_caps_the_plan(spark: SparkSession, generated: Path, tmp_path: Path) -> None:
     config = parse_config({"load_manager": {"rebalancing": {"target_cv": 0.0}}})
     result = run_analysis(
-        spark, AnalyzeOptions(history=str(generated), out=str(tmp_path), config=config, max_moves=1)
+        spark,
+        AnalyzeOptions(
+            history=str(generated),
+            out=str(tmp_path),
+            config=config,
+            max_moves=1,
+            horizon_seconds=7200.0,
+        ),
     )
     assert len(result.plan["plan"]["moves"]) == 1
+    # A horizon spanning the whole history replays the policies over all its windows.
+    policies = json.loads((tmp_path / "policy_comparison.json").read_text())
+    assert all(p["windows"] == 24 for p in policies)
     assert result.plan["plan"]["reason"] == "reached the move limit (1)"
 
 

@@ -11,7 +11,9 @@ Stages (each timed, and announced through `progress` for the console):
 4. brokers    broker windows: aggregates, Pulsar's smoothed usage, strategy scores;
 5. strategies CV, min, max, overloaded/underloaded brokers per window and strategy;
 6. topics     topic windows: rates, p95, backlog trend (kept for the plan's first-seen);
-7. policies   Danube's policy and Pulsar's shedders replayed on the same windows;
+7. policies   Danube's policy and Pulsar's shedders replayed on the windows starting in
+              the planning horizon (the history the plan looks at: a cost that does not
+              grow with the history's length);
 8. plan       the latest assignment with p95 loads → `plan_rebalance` → plan.json; only
               the hours of the planning horizon are read;
 9. report     report.html with PNG charts;
@@ -175,11 +177,11 @@ class _Stages:
 
 
 def _write(frame: DataFrame, path: str, order: list[str], single_file: bool) -> None:
-    """Write a table sorted by `order`; small tables as one file, readable anywhere."""
-    sorted_frame = (
-        frame.coalesce(1).sortWithinPartitions(*order) if single_file else frame.orderBy(*order)
-    )
-    sorted_frame.write.mode("overwrite").parquet(path)
+    """Write a table sorted by `order`: small tables as one sorted file, readable anywhere;
+    big ones file by file (each file sorted, the files as the aggregation partitioned the
+    rows: deterministic, without a global sort's sampling job and extra shuffle)."""
+    frame = frame.coalesce(1) if single_file else frame
+    frame.sortWithinPartitions(*order).write.mode("overwrite").parquet(path)
 
 
 def _select(frame: DataFrame, schema: Any) -> DataFrame:
@@ -232,10 +234,9 @@ def _compact(
     return result, columnar
 
 
-def _quarantine_summary(spark: SparkSession, path: str) -> list[dict[str, Any]]:
+def _quarantine_summary(quarantine: DataFrame) -> list[dict[str, Any]]:
     rows = (
-        spark.read.parquet(path)
-        .groupBy("kind")
+        quarantine.groupBy("kind")
         .agg(F.count(F.lit(1)).alias("records"), F.min("reason").alias("example"))
         .orderBy("kind")
         .collect()
@@ -243,21 +244,31 @@ def _quarantine_summary(spark: SparkSession, path: str) -> list[dict[str, Any]]:
     return [row.asDict() for row in rows]
 
 
-def _top_topics(topic_windows: DataFrame) -> pd.DataFrame:
+def _topic_summary(topic_windows: DataFrame) -> pd.DataFrame:
+    """Per topic: when it was first seen, its mean and p95 throughput (MB/s) over the
+    windows, and its backlog change over the history (one row per topic)."""
     weighted = F.col("byte_rate_mean") * F.col("samples")
-    top = (
+    return (
         topic_windows.groupBy("topic")
         .agg(
+            F.min("first_seen").alias("first_seen"),
             (F.sum(weighted) / F.sum("samples") / 1e6).alias("mbps_mean"),
             (transforms.percentile_linear("byte_rate_mean") / 1e6).alias("mbps_p95"),
             (
                 F.max_by("backlog_last", "window_start") - F.min_by("backlog_first", "window_start")
             ).alias("backlog_change"),
         )
-        .orderBy(F.col("mbps_mean").desc(), F.col("topic"))
-        .limit(TOP_TOPICS)
+        .toPandas()
     )
-    return top.toPandas()
+
+
+def _top_topics(summary: pd.DataFrame) -> pd.DataFrame:
+    """The report's busiest topics by mean throughput (ties by name)."""
+    return (
+        summary.sort_values(["mbps_mean", "topic"], ascending=[False, True], kind="stable")
+        .head(TOP_TOPICS)[["topic", "mbps_mean", "mbps_p95", "backlog_change"]]
+        .reset_index(drop=True)
+    )
 
 
 def _strategy_summary(comparison: pd.DataFrame) -> list[dict[str, Any]]:
@@ -309,21 +320,26 @@ def run_analysis(
 
         with stage("read"):
             quarantine = columnar.read(spark, "quarantine")
-            quarantine_counts = {
-                row["kind"]: int(row["count"])
-                for row in quarantine.groupBy("kind").count().collect()
-            }
+            quarantine_summary = _quarantine_summary(quarantine)
             brokers = (
                 _in_range(columnar.read(spark, "brokers"), options.start, options.end)
                 .transform(transforms.broker_rows)
                 .persist()
             )
             persisted.append(brokers)
-            reports = brokers.count()
+            # One job: materialises the cache and gives the count and the history's end.
+            totals = brokers.agg(
+                F.count(F.lit(1)).alias("reports"),
+                F.max("timestamp").alias("now"),
+                F.collect_set("broker_id").alias("broker_ids"),
+            ).first()
+            assert totals is not None
+            reports = int(totals["reports"])
             topics = _in_range(
                 columnar.read(spark, "topics"), options.start, options.end
             ).transform(transforms.topic_rows)
-        records = reports + sum(quarantine_counts.values())
+        quarantined = {row["kind"]: int(row["records"]) for row in quarantine_summary}
+        records = reports + sum(quarantined.values())
         files = columnar.files
         if records == 0:
             raise PipelineError(
@@ -338,8 +354,6 @@ def run_analysis(
                 ["source", "kind", "timestamp", "raw"],
                 True,
             )
-            quarantine_summary = _quarantine_summary(spark, paths["quarantine"])
-        quarantined = {row["kind"]: int(row["records"]) for row in quarantine_summary}
         if reports == 0:
             first = quarantine_summary[0]["example"] if quarantine_summary else ""
             raise PipelineError(
@@ -349,8 +363,12 @@ def run_analysis(
             )
 
         with stage("brokers"):
+            # Broker rows are few (one per report) and so are their windows: one partition
+            # each, so the group-by and the scores' window functions need no shuffle (and
+            # the strategy comparison below, read from `scored`, none either).
             windows_pdf = (
-                brokers.transform(transforms.with_window, window)
+                brokers.coalesce(1)
+                .transform(transforms.with_window, window)
                 .transform(transforms.broker_window_report)
                 .toPandas()
             )
@@ -360,7 +378,7 @@ def run_analysis(
             )
             unscored = spark.createDataFrame(
                 windows_pdf[unscored_schema.fieldNames()], schema=unscored_schema
-            )
+            ).coalesce(1)
             scored = _select(
                 unscored.transform(transforms.with_strategy_scores), BROKER_WINDOWS_SCHEMA
             ).persist()
@@ -369,23 +387,31 @@ def run_analysis(
             brokers_pdf: pd.DataFrame = scored.toPandas()
 
         with stage("strategies"):
-            comparison = scored.transform(transforms.strategy_scores_long).transform(
-                transforms.strategy_comparison_report, rules.cv_threshold
-            )
-            _write(
-                _select(comparison, STRATEGY_COMPARISON_SCHEMA),
-                paths["strategy_comparison"],
-                ["window_start", "strategy"],
-                True,
-            )
-            comparison_pdf = spark.read.parquet(paths["strategy_comparison"]).toPandas()
+            # Kept for the two reads (the table and the driver's copy): computed once.
+            comparison = _select(
+                scored.transform(transforms.strategy_scores_long)
+                .coalesce(1)  # one partition, known as such: no shuffle for the windows
+                .transform(transforms.strategy_comparison_report, rules.cv_threshold),
+                STRATEGY_COMPARISON_SCHEMA,
+            ).persist()
+            persisted.append(comparison)
+            _write(comparison, paths["strategy_comparison"], ["window_start", "strategy"], True)
+            comparison_pdf = comparison.toPandas()
+
+        now = float(totals["now"])
+        since = now - horizon
+        since_ts = F.timestamp_seconds(F.lit(since))
 
         with stage("topics"):
-            # Aggregated once and kept: the table, the top topics and the plan's
-            # first-seen times all read this result, never the topic rows again.
+            # Aggregated once and kept: the table, the per-topic summary and the policy
+            # replay's windows all read this result, never the topic rows again.
             topic_windows = (
                 topics.transform(transforms.with_window, window)
-                .transform(transforms.topic_window_report, with_first_seen=True)
+                .transform(
+                    transforms.topic_window_report,
+                    with_first_seen=True,
+                    brokers=totals["broker_ids"],
+                )
                 .persist()
             )
             persisted.append(topic_windows)
@@ -395,23 +421,38 @@ def run_analysis(
                 ["window_start", "topic"],
                 False,
             )
-            first_seen = topic_windows.groupBy("topic").agg(F.min("first_seen").alias("first_seen"))
-            topic_count = first_seen.count()
-            top_topics = _top_topics(topic_windows)
+            # One row per topic (the plan's snapshot holds every topic anyway): the count,
+            # the report's top topics and each topic's first-seen time in one job.
+            topic_summary = _topic_summary(topic_windows)
+            topic_count = len(topic_summary)
+            top_topics = _top_topics(topic_summary)
+            first_seen = dict(
+                zip(
+                    topic_summary["topic"].tolist(),
+                    topic_summary["first_seen"].astype(float).tolist(),
+                    strict=True,
+                )
+            )
 
         with stage("policies"):  # Danube's policy and Pulsar's shedders side by side
+            # Replayed over the planning horizon's windows only (those starting in it): the
+            # same history the plan looks at, and a cost that does not grow with the
+            # history's length.
+            horizon_topics = (
+                topic_windows.filter(F.col("window_start") >= since_ts)
+                .select(*shedding.TOPIC_WINDOW_COLUMNS)
+                .toPandas()
+            )
+            horizon_brokers = brokers_pdf[
+                brokers_pdf["window_start"] >= pd.Timestamp(since, unit="s")
+            ]
             policies = shedding.compare_policies(
-                brokers_pdf,
-                spark.read.parquet(paths["topic_windows"]).toPandas(),
-                options.config.load_manager,
-                strategy,
+                horizon_brokers, horizon_topics, options.config.load_manager, strategy
             )
             with open(os.path.join(out, "policy_comparison.json"), "w", encoding="utf-8") as fh:
                 json.dump(policies, fh, indent=2)
 
         with stage("plan"):
-            now = float(brokers.agg(F.max("timestamp")).first()[0])  # type: ignore[index]
-            since = now - horizon
             # Only the hours the plan looks at are read (partition pruning by path).
             recent_hours = [h for h in columnar.hours if h.overlaps(since, None)]
             live_hours = [h for h in columnar.hours if h.overlaps(now - stale_after, None)]
@@ -421,21 +462,27 @@ def run_analysis(
             live_topics = _in_range(
                 columnar.read(spark, "topics", live_hours), options.start, options.end
             )
+            # Both per broker: collected together (one result, fewer jobs).
             latest = [
                 r.asDict()
                 for r in snapshot.latest_report_rows(
-                    brokers, live_topics.filter(F.col("timestamp") >= now - stale_after)
-                ).collect()
+                    brokers.coalesce(1),  # few rows: aggregated without a shuffle
+                    live_topics.filter(F.col("timestamp") >= now - stale_after),
+                )
+                .join(
+                    snapshot.broker_p95_report(brokers.coalesce(1), since),
+                    on="broker_id",
+                    how="left",
+                )
+                .collect()
             ]
             parts = snapshot.SnapshotParts(
                 latest=latest,
-                broker_p95=[
-                    r.asDict() for r in snapshot.broker_p95_report(brokers, since).collect()
-                ],
+                broker_p95=latest,
                 topic_p95=[
-                    r.asDict()
-                    for r in snapshot.topic_p95_report(recent_topics, since, first_seen).collect()
+                    r.asDict() for r in snapshot.topic_p95_report(recent_topics, since).collect()
                 ],
+                first_seen=first_seen,
             )
             built = snapshot.build_snapshot(parts, stale_after)
             core_started = time.perf_counter()

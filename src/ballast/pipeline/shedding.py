@@ -76,6 +76,17 @@ class Window:
     topics: Mapping[str, tuple[BrokerId, float, float, int]]  # owner, msg/s, B/s, conns
 
 
+# The topic windows' columns the replay reads (the job selects only these).
+TOPIC_WINDOW_COLUMNS = (
+    "window_start",
+    "topic",
+    "broker_id",
+    "msg_rate_mean",
+    "byte_rate_mean",
+    "connections_mean",
+)
+
+
 def windows_from_frames(broker_windows: pd.DataFrame, topic_windows: pd.DataFrame) -> list[Window]:
     """Group the pipeline's per-window tables (pandas) into `Window`s, oldest first."""
 

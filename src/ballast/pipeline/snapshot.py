@@ -56,20 +56,20 @@ def broker_p95_report(broker_rows: DataFrame, since: float) -> DataFrame:
     )
 
 
-def topic_p95_report(topic_rows: DataFrame, since: float, first_seen: DataFrame) -> DataFrame:
-    """Per topic: p95 of every load figure from `since` on, and when it was first seen
-    (`first_seen`: topic, first_seen — the job takes it from the topic windows, so the
-    whole history is not scanned again).
+def topic_p95_report(topic_rows: DataFrame, since: float) -> DataFrame:
+    """Per topic seen from `since` on: p95 of every load figure over those rows.
 
     The exact percentiles only see the horizon's rows (pass only the hours it spans).
+    When each topic was first seen comes apart (`SnapshotParts.first_seen`: the job takes
+    it from the topic windows, so the whole history is not scanned again).
     """
     figures = ("msg_rate", "byte_rate", "producers", "consumers", "subscriptions", "backlog")
-    recent = (
+    return (
         topic_rows.filter(F.col("timestamp") >= F.lit(float(since)))
         .groupBy("topic")
         .agg(*[percentile_linear(F.col(c).cast("double"), P95).alias(c) for c in figures])
+        .select("topic", *figures)
     )
-    return first_seen.join(recent, on="topic", how="left").select("topic", "first_seen", *figures)
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,8 @@ class SnapshotParts:
 
     latest: list[dict[str, Any]]
     broker_p95: list[dict[str, Any]]
-    topic_p95: list[dict[str, Any]]
+    topic_p95: list[dict[str, Any]]  # topics seen in the horizon
+    first_seen: dict[str, float]  # every topic of the history -> its first timestamp
 
 
 @dataclass(frozen=True)
@@ -149,8 +150,6 @@ def build_snapshot(parts: SnapshotParts, stale_after: float) -> BuiltSnapshot:
         reports=reports,
         states={row["broker_id"]: BrokerState(BrokerMode(row["state"])) for row in live},
         assignments={broker: tuple(topics) for broker, topics in assignments.items()},
-        topic_created={
-            row["topic"]: row["first_seen"] for row in parts.topic_p95 if row["topic"] in owner
-        },
+        topic_created={topic: seen for topic, seen in parts.first_seen.items() if topic in owner},
     )
     return BuiltSnapshot(snapshot, now, departed)

@@ -15,6 +15,7 @@ overloaded/underloaded classification are over active brokers only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
@@ -116,10 +117,11 @@ def percentile_linear(column: str | Column, q: float = P95) -> Column:
 
     Spark's own `percentile` gives the same value but keeps a hash map per group and was
     4x slower here than sorting the collected values, which for windows of a few dozen
-    samples is cheap.
+    samples is cheap. `sort_array` (compiled comparison), not `array_sort` (a comparator
+    lambda, interpreted): same order for the null-free collected values, and faster.
     """
     col = F.col(column) if isinstance(column, str) else column
-    values = F.array_sort(F.collect_list(col))
+    values = F.sort_array(F.collect_list(col))
     n = F.size(values)
     position = (n - 1).cast("double") * F.lit(float(q))
     low = F.floor(position).cast("int")
@@ -281,16 +283,34 @@ def strategy_comparison_report(scores: DataFrame, cv_threshold: float) -> DataFr
     )
 
 
-def topic_window_report(topic_rows: DataFrame, with_first_seen: bool = False) -> DataFrame:
+def topic_window_report(
+    topic_rows: DataFrame,
+    with_first_seen: bool = False,
+    brokers: Sequence[str] | None = None,
+) -> DataFrame:
     """Per topic and window: mean and p95 rates and load score, mean connections, and the
     backlog trend (first, last, last − first, least-squares slope per second); with
     `with_first_seen`, also `first_seen`, the window's first timestamp (the job keeps it
-    for the plan instead of scanning the topic rows again)."""
+    for the plan instead of scanning the topic rows again).
+
+    `brokers`, every broker id the rows name, lets the owner (the broker of the window's
+    last report) be aggregated as the id's index, a number: a string in an aggregation
+    buffer makes Spark fall back to a slower aggregation for the whole group-by.
+    """
     extra = [F.min("timestamp").alias("first_seen")] if with_first_seen else []
+    if brokers:
+        names = sorted(set(brokers))
+        index = F.create_map(*[x for i, b in enumerate(names) for x in (F.lit(b), F.lit(i))])
+        owner = F.element_at(
+            F.array(*[F.lit(b) for b in names]),
+            F.max_by(F.element_at(index, F.col("broker_id")), "timestamp") + 1,
+        )
+    else:
+        owner = F.max_by("broker_id", "timestamp")
     return (
         topic_rows.groupBy("window_start", "window_end", "topic")
         .agg(
-            F.max_by("broker_id", "timestamp").alias("broker_id"),
+            owner.alias("broker_id"),
             F.count(F.lit(1)).alias("samples"),
             F.avg("msg_rate").alias("msg_rate_mean"),
             percentile_linear("msg_rate").alias("msg_rate_p95"),
