@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import fsspec
+import numpy as np
 import pandas as pd
 import pytest
 from pyspark.sql import SparkSession
@@ -148,6 +149,24 @@ def test_max_moves_caps_the_plan(spark: SparkSession, generated: Path, tmp_path:
     policies = json.loads((tmp_path / "policy_comparison.json").read_text())
     assert all(p["windows"] == 24 for p in policies)
     assert result.plan["plan"]["reason"] == "reached the move limit (1)"
+
+
+def test_windows_of_many_samples_get_exact_p95s(
+    spark: SparkSession, generated: Path, tmp_path: Path
+) -> None:
+    """15-minute windows of 30 s reports hold 30 samples per topic: too many for the
+    two-largest shortcut, so the job recomputes the p95s the exact way."""
+    run_analysis(
+        spark, AnalyzeOptions(history=str(generated), out=str(tmp_path), window_seconds=900.0)
+    )
+    windows = pd.read_parquet(tmp_path / "topic_windows")
+    assert windows["samples"].max() > 21 and windows["msg_rate_p95"].notna().all()
+    rows = pd.read_parquet(generated / "_columnar" / "topics")
+    rows["window"] = (rows["timestamp"] // 900) * 900
+    for _, window in windows.sample(20, random_state=1).iterrows():
+        start = window["window_start"].timestamp()
+        values = rows[(rows["topic"] == window["topic"]) & (rows["window"] == start)]
+        assert window["msg_rate_p95"] == np.percentile(values["msg_rate"], 95)
 
 
 def test_empty_history_is_a_clear_message(spark: SparkSession, tmp_path: Path) -> None:

@@ -202,3 +202,29 @@ def test_p95_is_numpys_linear_percentile_bit_for_bit(spark: SparkSession) -> Non
         for r in frame.groupBy("g").agg(transforms.percentile_linear("v").alias("p")).collect()
     }
     assert got == {g: float(np.percentile(values, 95)) for g, values in groups.items()}
+
+
+def test_small_windows_p95s_are_the_exact_ones_bit_for_bit(spark: SparkSession) -> None:
+    """The two-largest shortcut gives `percentile_linear`'s floats for every group of up
+    to 21 samples (ties included), and no value for a larger group (the job then
+    recomputes without the shortcut)."""
+    rng = np.random.default_rng(11)
+    reports = []
+    for i, size in enumerate([*range(1, 22), 21, 22, 30]):
+        values = rng.lognormal(2, 2, size).round(int(rng.integers(0, 3)))  # ties too
+        reports += [
+            report("b1", START + 3600 * i + t, topics=[TopicLoad(f"/ns/t{i}", float(v), float(v))])
+            for t, v in enumerate(values)
+        ]
+    windows = topic_rows(spark, reports).transform(transforms.with_window, 3600.0)
+    columns = ["topic", "samples", "msg_rate_p95", "byte_rate_p95", "load_score_p95"]
+
+    def report_of(small: bool) -> pd.DataFrame:
+        frame = windows.transform(transforms.topic_window_report, small_windows=small)
+        return frame.select(*columns).toPandas().sort_values("topic").reset_index(drop=True)
+
+    exact, fast = report_of(False), report_of(True)
+    small = exact["samples"] <= transforms.TOP_TWO_MAX_SAMPLES
+    assert small.sum() == 22 and (~small).sum() == 2
+    pd.testing.assert_frame_equal(exact[small], fast[small], check_exact=True)
+    assert fast[~small][columns[2:]].isna().all().all()
