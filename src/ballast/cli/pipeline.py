@@ -32,6 +32,21 @@ STAGE_LABELS = {
     "upload": "uploading outputs",
 }
 
+# Options `history compact` and `analyze` share.
+HistoryOption = Annotated[
+    str, typer.Option(help="History directory or s3:// URL (the sink's root).")
+]
+MasterOption = Annotated[
+    str, typer.Option(help="Spark master: local[*], spark://host:port, yarn, k8s://…")
+]
+ExecutorMemoryOption = Annotated[
+    str | None, typer.Option(help="spark.executor.memory on a cluster (default: Spark's).")
+]
+StorageOption = Annotated[
+    list[str] | None,
+    typer.Option(help="fsspec option KEY=VALUE for s3:// paths (repeatable)."),
+]
+
 
 def _storage_options(pairs: list[str] | None, console: Console) -> dict[str, Any]:
     options: dict[str, Any] = {}
@@ -154,26 +169,17 @@ def register(app: typer.Typer) -> None:
 
     @history_app.command("compact")
     def compact_cmd(
-        history: Annotated[
-            str, typer.Option(help="History directory or s3:// URL (the sink's root).")
-        ],
-        master: Annotated[
-            str, typer.Option(help="Spark master: local[*], spark://host:port, yarn, k8s://…")
-        ] = "local[*]",
+        history: HistoryOption,
+        master: MasterOption = "local[*]",
         grace: Annotated[
             str, typer.Option(help="An hour is closed this long after it ends (late reports).")
         ] = "5m",
         driver_memory: Annotated[str, typer.Option(help="Spark driver memory.")] = "2g",
-        executor_memory: Annotated[
-            str | None, typer.Option(help="spark.executor.memory on a cluster (default: Spark's).")
-        ] = None,
+        executor_memory: ExecutorMemoryOption = None,
         driver_host: Annotated[
             str, typer.Option(help="Driver address executors connect to.")
         ] = "127.0.0.1",
-        storage_option: Annotated[
-            list[str] | None,
-            typer.Option(help="fsspec option KEY=VALUE for s3:// paths (repeatable)."),
-        ] = None,
+        storage_option: StorageOption = None,
     ) -> None:
         """Turn every closed hour of JSON lines into the columnar history (Parquet).
 
@@ -250,16 +256,12 @@ def register(app: typer.Typer) -> None:
 
     @app.command("analyze")
     def analyze_cmd(
-        history: Annotated[
-            str, typer.Option(help="History directory or s3:// URL (the sink's root).")
-        ],
+        history: HistoryOption,
         out: Annotated[
             str,
             typer.Option(help="Output directory or s3:// URL (tables, plan.json, report.html)."),
         ],
-        master: Annotated[
-            str, typer.Option(help="Spark master: local[*], spark://host:port, yarn, k8s://…")
-        ] = "local[*]",
+        master: MasterOption = "local[*]",
         window: Annotated[
             str, typer.Option(help="Tumbling window for aggregates: 30s, 5m, 1h…")
         ] = "5m",
@@ -286,9 +288,7 @@ def register(app: typer.Typer) -> None:
         driver_memory: Annotated[
             str, typer.Option(help="Spark driver memory (local mode: all of Spark).")
         ] = "2g",
-        executor_memory: Annotated[
-            str | None, typer.Option(help="spark.executor.memory on a cluster (default: Spark's).")
-        ] = None,
+        executor_memory: ExecutorMemoryOption = None,
         shuffle_partitions: Annotated[int, typer.Option(help="spark.sql.shuffle.partitions.")] = 8,
         driver_host: Annotated[
             str,
@@ -296,10 +296,7 @@ def register(app: typer.Typer) -> None:
                 help="Driver address executors connect to (a reachable IP on multi-host clusters)."
             ),
         ] = "127.0.0.1",
-        storage_option: Annotated[
-            list[str] | None,
-            typer.Option(help="fsspec option KEY=VALUE for s3:// paths (repeatable)."),
-        ] = None,
+        storage_option: StorageOption = None,
         start: Annotated[
             str | None,
             typer.Option(
