@@ -88,6 +88,12 @@ def test_bad_scenarios_are_explained(tmp_path: Path) -> None:
     f.write_text("name: x\nbrokers: [{id: a, cpu: 3}]\n")
     with pytest.raises(ConfigError, match=r"brokers\.0\.cpu: unknown key"):
         load_scenario(str(f))
+    f.write_text("name: x\nbrokers: [{id: a}]\nload_manager: {rebalancing: {bogus: 1}}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_scenario(str(f))
+    # The key's full path, and the keys allowed where it is (not the scenario's).
+    assert "load_manager.rebalancing.bogus: unknown key" in str(caught.value)
+    assert "target_cv" in str(caught.value) and "duration_hours" not in str(caught.value)
 
 
 def test_cli_writes_csv_and_png(tmp_path: Path) -> None:

@@ -111,10 +111,11 @@ def parse_scenario(data: Any, source: str) -> Scenario:
     """Validate a decoded scenario document."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level")
+    lm = data.get("load_manager")
+    if isinstance(lm, dict):
+        # Validated as part of the scenario, so an error names `load_manager.<key>`.
+        data = {**data, "load_manager": lists_to_tuples(lm)}
     try:
-        lm = data.get("load_manager")
-        if isinstance(lm, dict):
-            data = {**data, "load_manager": LoadManagerConfig.model_validate(lists_to_tuples(lm))}
         return Scenario.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{source}: {explain_validation_error(exc, Scenario)}") from None
