@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import abc
 import asyncio
 from collections.abc import Coroutine, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from ballast.clock import Clock
 
@@ -127,3 +128,28 @@ class LoopTasks:
     ) -> None:
         """Cancel the loops and wait for them, passing on the owner's exit exception."""
         await self._owner.close(exc_type, exc, tb)
+
+
+class Served(abc.ABC):
+    """A service used as `async with service:`: started on entry, stopped on exit (also
+    when the block raises)."""
+
+    @abc.abstractmethod
+    async def start(self) -> str:
+        """Start serving; returns the address it serves on."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Stop serving."""
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()

@@ -31,12 +31,11 @@ import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import grpc
 
-from ballast.aio import cancel_and_wait
+from ballast.aio import Served, cancel_and_wait
 from ballast.clock import SystemClock
 from ballast.config import BallastConfig
 from ballast.metadata import MetadataError, MetadataStore, WatchEvent, keys
@@ -257,7 +256,7 @@ class _Abort(Exception):
         self.message = message
 
 
-class Gateway(grpc.GenericRpcHandler):
+class Gateway(Served, grpc.GenericRpcHandler):
     """Serves the client protocol by answering lookups and forwarding everything else."""
 
     def __init__(self, store: MetadataStore, config: BallastConfig, listen: str) -> None:
@@ -344,18 +343,6 @@ class Gateway(grpc.GenericRpcHandler):
             await cancel_and_wait(self._watch)
             self._watch = None
         await self.links.close()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from types import TracebackType
-from typing import Self
 
 import grpc
 
-from ballast.aio import cancel_and_wait
+from ballast.aio import Served, cancel_and_wait
 from ballast.config import BallastConfig
 from ballast.server.host import DataPlaneHost
 from ballast.server.protocol import pb_grpc
@@ -41,7 +39,7 @@ def split_url(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-class DataPlaneServer:
+class DataPlaneServer(Served):
     """Serves Discovery, ProducerService, ConsumerService and HealthCheck."""
 
     def __init__(
@@ -111,16 +109,4 @@ class DataPlaneServer:
     async def stop_now(self) -> None:
         """Drop every connection at once, as a crashed process would (the demo's kill)."""
         self.grace = 0.0
-        await self.stop()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
         await self.stop()
