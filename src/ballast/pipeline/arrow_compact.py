@@ -40,13 +40,8 @@ import pyarrow.parquet as pq
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from ballast.model import (
-    BROKER_ID_PATTERN,
-    TOPIC_NAME_PATTERN,
-    BrokerMode,
-    Ops,
-    report_totals,
-)
+from ballast.model import BrokerMode, Ops, report_totals
+from ballast.pipeline.rules import BROKER_ID_REGEX, TOPIC_NAME_REGEX
 from ballast.pipeline.schemas import (
     BROKER_TABLE_SCHEMA,
     CORRUPT_COLUMN,
@@ -80,10 +75,6 @@ LINE_SCHEMA = pa.schema(
     ]
 )
 TOPIC_FIELDS = tuple(f.name for f in TOPIC_LOAD_SCHEMA.fields)
-# RE2 (Arrow) reads the model's patterns like Python and Java do; \A…\z anchor them to
-# the whole value.
-BROKER_ID_RE2 = rf"\A(?:{BROKER_ID_PATTERN})\z"
-TOPIC_NAME_RE2 = rf"\A(?:{TOPIC_NAME_PATTERN})\z"
 
 
 @dataclass(frozen=True)
@@ -191,6 +182,7 @@ def _every(condition: pa.Array) -> bool:
 
 
 def _all_match(names: pa.Array, regex: str, name: str) -> None:
+    # RE2 reads the whole-value regexes Spark's `rlike` uses (`rules.py`) the same way.
     _require(names.null_count == 0, f"{name}: missing")
     _require(_every(pc.match_substring_regex(pc.unique(names), regex)), f"{name}: invalid")
 
@@ -216,7 +208,7 @@ def convert(data: bytes, index: int, source: str) -> tuple[pa.Table, pa.Table]:
         return lines.column(name).combine_chunks()
 
     broker = column("broker_id")
-    _all_match(broker, BROKER_ID_RE2, "broker_id")
+    _all_match(broker, BROKER_ID_REGEX, "broker_id")
     timestamp = _numbers(column("timestamp"), "timestamp", required=True)
     report = {
         name: _numbers(column(name), name, required=False)
@@ -234,7 +226,7 @@ def convert(data: bytes, index: int, source: str) -> tuple[pa.Table, pa.Table]:
     _require(flat.null_count == 0, "topics: null entry")
     entries = dict(zip(TOPIC_FIELDS, flat.flatten(), strict=True))
     names = entries.pop("topic")
-    _all_match(names, TOPIC_NAME_RE2, "topic")
+    _all_match(names, TOPIC_NAME_REGEX, "topic")
     fields = {name: _numbers(values, name, required=False) for name, values in entries.items()}
     offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
     throughput, msg_rate, backlog, connections = report_totals(

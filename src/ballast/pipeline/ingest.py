@@ -18,6 +18,7 @@ row per topic, or one quarantine row — so the JSON is parsed exactly once.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -388,10 +389,8 @@ def _zero(column: Column, kind: str = "double") -> Column:
 
 
 # The model's rule for totals, on Spark: an absent (null) field counts as its default, 0.
-_TOTALS_OPS = SPARK_OPS.__class__(
-    where=SPARK_OPS.where,
-    maximum=SPARK_OPS.maximum,
-    total=SPARK_OPS.total,
+_TOTALS_OPS = dataclasses.replace(
+    SPARK_OPS,
     field=lambda item, name: F.coalesce(
         item[name], F.lit(0.0) if name in TOPIC_NUMBER_FIELDS else F.lit(0).cast("long")
     ),

@@ -88,7 +88,6 @@ class AnalyzeOptions:
     config: BallastConfig = field(default_factory=BallastConfig)
     max_moves: int | None = None
     storage_options: Mapping[str, Any] = field(default_factory=dict)
-    keep_staging: bool = False  # unused: kept for callers of the earlier job
     start: float | None = None  # --from (inclusive), epoch seconds
     end: float | None = None  # --to (exclusive)
     now: float | None = None  # the wall clock for "which hours are closed" (tests)

@@ -35,7 +35,8 @@ SPARK_OPS = Ops(
 
 
 def java_full_match(pattern: str) -> str:
-    """A model pattern as a Java regex that must match the whole string (`rlike` finds)."""
+    """A model pattern as a regex that must match the whole string (`rlike` finds), in
+    the syntax Java and RE2 (Arrow's `match_substring_regex`) share."""
     return rf"\A(?:{pattern})\z"
 
 

@@ -29,15 +29,14 @@ from ballast.balance.estimate import apply_move
 from ballast.balance.imbalance import measure
 from ballast.balance.pulsar_strategies import bandwidth_percent, resource_usage_score
 from ballast.balance.rebalance import active_scores
-from ballast.balance.scoring import Ops
 from ballast.config import LoadManagerConfig, PulsarConfig, RebalancingPolicy, Strategy
 from ballast.model import BrokerId, BrokerMode, BrokerState, ClusterSnapshot, LoadReport, TopicLoad
+from ballast.pipeline.rules import SPARK_OPS
 
 PULSAR_SCORE_COLUMNS = {
     Strategy.LEAST_LONG_TERM_MESSAGE_RATE: "score_least_long_term_message_rate",
     Strategy.LEAST_RESOURCE_USAGE_WITH_WEIGHT: "score_least_resource_usage_with_weight",
 }
-_SPARK_OPS = Ops(where=lambda c, a, b: F.when(c, a).otherwise(b), maximum=F.greatest)
 
 
 def pulsar_score_columns(cfg: PulsarConfig | None = None) -> list[Column]:
@@ -52,7 +51,7 @@ def pulsar_score_columns(cfg: PulsarConfig | None = None) -> list[Column]:
         bw,
         bw,
         cfg,
-        _SPARK_OPS,
+        SPARK_OPS,
     )
     return [
         (F.col("msg_rate_mean") * 1.0).alias(

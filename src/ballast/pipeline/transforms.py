@@ -39,7 +39,6 @@ from ballast.model import BrokerMode, throughput_mbps, topic_connections
 from ballast.pipeline.rules import SPARK_OPS
 from ballast.pipeline.shedding import PULSAR_SCORE_COLUMNS, pulsar_score_columns
 
-__all__ = ["SPARK_OPS"]  # re-exported: where the pipeline's engine operations used to be
 P95 = 0.95
 EWMA_HISTORY_WEIGHT = 0.9  # Pulsar's ThresholdShedder
 SCORE_COLUMNS = {
