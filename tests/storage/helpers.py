@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
-from ballast.clock import Clock
+from ballast.clock import Clock, FakeClock
 from ballast.metadata.store import MetadataStore
 from ballast.storage import (
     ObjectStore,
@@ -96,3 +97,17 @@ async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> Non
         if loop.time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.005)
+
+
+T = TypeVar("T")
+
+
+async def advancing(clock: FakeClock, awaitable: Awaitable[T], step: float = 1.0) -> T:
+    """Await `awaitable` while moving the fake clock (retries back off on it)."""
+    task = asyncio.ensure_future(awaitable)
+    for _ in range(500):
+        if task.done():
+            break
+        await clock.advance(step)
+        await asyncio.sleep(0.005)
+    return await task

@@ -3,7 +3,8 @@
 The owner may assign offsets up to `reserved_through` (in the topic's state key) and
 extends it, fenced on its claim, before it runs out; whoever opens after a crash
 continues after it. The offsets skipped that way are recorded gaps that readers step
-over.
+over; since a send is acknowledged only once committed to object storage, a gap never
+covers an acknowledged message.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ballast.clock import FakeClock
 from ballast.metadata import MemoryStore, keys
 from ballast.metadata.store import MetadataUnavailableError, OutcomeUnknownError
 from ballast.storage import (
+    DurabilityTimeoutError,
     FsspecObjectStore,
     InitialPosition,
     Message,
@@ -35,7 +37,7 @@ from ballast.storage import (
     load_catalog,
 )
 
-from .helpers import collect, eventually, make_topic, payload
+from .helpers import FlakyObjectStore, advancing, collect, eventually, make_topic, payload
 
 STEP = 100
 TOPIC = "/default/reliable_topic"
@@ -71,15 +73,14 @@ async def read_all(topic: Any, start: int = 0) -> list[int]:
         return [i.offset for i in await collect(topic.read(start, live=False))]
 
 
-async def test_disk_loss_never_reuses_an_offset_and_readers_skip_the_gap(
+async def test_disk_loss_never_reuses_an_offset_and_keeps_every_acknowledged_message(
     tmp_path: Path, kw: dict[str, Any], metadata: MemoryStore
 ) -> None:
     async with make_topic("a", tmp_path, **kw) as a:
         assert a.reserved_through == STEP - 1
         sub = await a.subscribe("s", initial=InitialPosition.EARLIEST)
-        await append_range(a, 0, 20)
-        assert await a.upload_now() == 19
-        await append_range(a, 20, 50)  # acknowledged, only on a's disk
+        await append_range(a, 0, 50)  # acknowledged: committed to object storage
+        assert a.uploaded_offset == 49
         await sub.ack(29)
         await a.flush_cursors()
         reservation = a.reserved_through
@@ -91,27 +92,28 @@ async def test_disk_loss_never_reuses_an_offset_and_readers_skip_the_gap(
         opened = b.opened
         assert opened.next_offset == reservation + 1 and opened.next_offset > 49
         assert opened.source is StartSource.RESERVATION
-        assert opened.gap == (20, reservation) and b.gaps == ((20, reservation),)
+        # Only offsets that were never acknowledged are skipped.
+        assert opened.gap == (50, reservation) and b.gaps == ((50, reservation),)
         assert "reservation" in opened.reason and stats.opens_by_source == {"reservation": 1}
         state = await state_of(metadata)
-        assert (state.broker_id, state.gaps) == ("b", ((20, reservation),))
+        assert (state.broker_id, state.gaps) == ("b", ((50, reservation),))
         first = reservation + 1
         await append_range(b, first, first + 5)
-        # From 0: the uploaded part, then b's messages; no hang, no duplicate.
+        # From 0: a's messages from object storage, then b's; no hang, no duplicate.
         items = await collect(b.read(0, live=False))
-        assert [i.offset for i in items] == [*range(20), *range(first, first + 5)]
-        assert [i.tier for i in items] == [Tier.OBJECT] * 20 + [Tier.WAL] * 5
+        assert [i.offset for i in items] == [*range(50), *range(first, first + 5)]
+        assert [i.tier for i in items] == [Tier.OBJECT] * 50 + [Tier.WAL] * 5
         assert [i.record.payload for i in items] == [payload(i.offset) for i in items]
         assert stats.reader_gaps == 0 and stats.reader_known_gaps >= 1
-        # A subscription acked inside the lost range resumes with b's messages.
+        # The subscription resumes after its cursor with everything it had not acked.
         sub = await b.subscribe("s")
         assert sub.start_offset == 30
-        assert await read_all(b, sub.start_offset) == list(range(first, first + 5))
+        assert await read_all(b, sub.start_offset) == [*range(30, 50), *range(first, first + 5)]
         # A live reader from inside the gap gets b's next message as it is appended.
         received: list[int] = []
 
         async def consume() -> None:
-            async for item in b.read(25):
+            async for item in b.read(60):
                 received.append(item.offset)
 
         consumer = asyncio.ensure_future(consume())
@@ -119,11 +121,9 @@ async def test_disk_loss_never_reuses_an_offset_and_readers_skip_the_gap(
         await append_range(b, first + 5, first + 6)
         await eventually(lambda: len(received) == 6)
         assert received == list(range(first, first + 6))
-        # Uploaded and read back from object storage only: the gap is stepped over there too.
-        assert await b.upload_now() == first + 5
         catalog = await load_catalog(metadata, b.topic)
-        assert (catalog.objects[0].start, catalog.objects[0].end) == (0, 19)
-        assert catalog.objects[1].start == first
+        flat = [o for d in catalog.objects for o in range(d.start, d.end + 1)]
+        assert flat == [*range(50), *range(first, first + 6)]
         await b.seal()
         await asyncio.wait_for(consumer, 5)
     async with make_topic("c", tmp_path, **kw) as c:
@@ -132,42 +132,46 @@ async def test_disk_loss_never_reuses_an_offset_and_readers_skip_the_gap(
             StartSource.SEALED,
             None,
         )
-        assert c.gaps == ((20, reservation),)  # carried through the seal
-        assert await read_all(c) == [*range(20), *range(first, first + 6)]
+        assert c.gaps == ((50, reservation),)  # carried through the seal
+        assert await read_all(c) == [*range(50), *range(first, first + 6)]
 
 
-async def test_nothing_uploaded_before_the_disk_loss(tmp_path: Path, kw: dict[str, Any]) -> None:
-    async with make_topic("a", tmp_path, **kw) as a:
-        await append_range(a, 0, 50)
+async def test_an_append_that_was_not_acknowledged_may_be_skipped_never_an_acknowledged_one(
+    tmp_path: Path, kw: dict[str, Any], object_store: FsspecObjectStore
+) -> None:
+    flaky = FlakyObjectStore(object_store)
+    config = replace(kw["config"], ack_timeout_seconds=0.2)
+    async with make_topic("a", tmp_path, **{**kw, "objects": flaky, "config": config}) as a:
+        await append_range(a, 0, 10)
+        flaky.fail_puts = 10**6  # the object store goes down
+        with pytest.raises(DurabilityTimeoutError, match="offset 10 not committed"):
+            await a.append(payload(10))
+        assert a.uploaded_offset == 9
         reservation = a.reserved_through
         await crash_with_disk(a)
     async with make_topic("b", tmp_path, **kw) as b:
-        assert b.opened.next_offset == reservation + 1 and b.opened.gap == (0, reservation)
-        assert await read_all(b) == []
-        await append_range(b, reservation + 1, reservation + 3)
-        assert await read_all(b) == [reservation + 1, reservation + 2]
+        assert b.opened.gap == (10, reservation)  # 10 was never acknowledged
+        assert await read_all(b) == list(range(10))
 
 
-async def test_consecutive_disk_losses_accumulate_gaps(tmp_path: Path, kw: dict[str, Any]) -> None:
+async def test_consecutive_disk_losses_lose_nothing_acknowledged(
+    tmp_path: Path, kw: dict[str, Any]
+) -> None:
     async with make_topic("a", tmp_path, **kw) as a:
-        await append_range(a, 0, 10)
-        await a.upload_now()
-        await append_range(a, 10, 20)
+        await append_range(a, 0, 20)
         await crash_with_disk(a)
     async with make_topic("b", tmp_path, **kw) as b:
         first_b = b.next_offset
-        await append_range(b, first_b, first_b + 10)
-        await b.upload_now()
-        await append_range(b, first_b + 10, first_b + 20)  # lost with b's disk
+        await append_range(b, first_b, first_b + 20)
         await crash_with_disk(b)
     async with make_topic("c", tmp_path, **kw) as c:
         first_c = c.next_offset
         assert first_c > first_b + 19
-        assert c.gaps == ((10, first_b - 1), (first_b + 10, first_c - 1))
+        assert c.gaps == ((20, first_b - 1), (first_b + 20, first_c - 1))
         await append_range(c, first_c, first_c + 3)
         assert await read_all(c) == [
-            *range(10),
-            *range(first_b, first_b + 10),
+            *range(20),
+            *range(first_b, first_b + 20),
             *range(first_c, first_c + 3),
         ]
 
@@ -231,13 +235,14 @@ async def test_a_deposed_owner_cannot_extend_its_reservation(
     # the topic while a still runs, and continues after a's reservation.
     async with make_topic("b", tmp_path, **{**kw, "config": config}) as b:
         assert b.opened.next_offset == 10 and b.opened.source is StartSource.RESERVATION
-        assigned_by_a: list[int] = []
-        with pytest.raises(TopicFencedError, match="cannot extend"):
+        # a cannot commit, so it acknowledges nothing (and never extends its reservation).
+        with pytest.raises(TopicFencedError, match="acknowledges nothing more"):
+            await a.append(b"zombie")
+        with pytest.raises((TopicFencedError, WalClosedError)):
             for _ in range(20):
-                assigned_by_a.append(await a.append(b"zombie"))
-        # a assigned only offsets it had reserved before b took over: no overlap with b.
-        assert assigned_by_a and max(assigned_by_a) <= 9
+                await a.append(b"zombie")
         assert await b.append(b"owner") == 10
+        assert await read_all(b) == [10]
         state = await state_of(metadata)
         assert (state.broker_id, state.reserved_through) == ("b", 19)
         with pytest.raises(TopicFencedError):
@@ -258,8 +263,6 @@ async def test_the_reservation_is_extended_before_it_runs_out(
         assert stats.reservation_stalls == 0
         assert stats.reservation_extensions == 200 // step
         assert topic.reserved_through >= 199
-        kv = await metadata.get(keys.storage_state(TOPIC))
-        assert kv is not None and kv.version == 1 + 200 // step  # the claim, then extensions
         # A batch larger than a step waits for one extension that covers all of it.
         got = await topic.append_batch([Message(payload(o)) for o in range(200, 260)])
         assert got == range(200, 260) and topic.reserved_through >= 259
@@ -314,15 +317,19 @@ async def test_a_failed_extension_fails_the_append_that_needs_it_then_recovers(
     async with topic:
         await append_range(topic, 0, 4)
         flaky.fail_before = 10**6  # the store is down
-        await append_range(topic, 4, 10)  # still reserved: no metadata write needed
+        # Reserved, but not committed: not acknowledged (committed later, once it is back).
+        pending = [asyncio.ensure_future(topic.append(payload(o))) for o in range(4, 10)]
+        await asyncio.sleep(0.01)
         with pytest.raises(ReservationError, match="could not extend"):
             await topic.append(b"unreserved")
         assert topic.next_offset == 10  # never assigned
+        assert not any(p.done() for p in pending)
         flaky.fail_before = 0
+        assert await advancing(kw["clock"], asyncio.gather(*pending)) == list(range(4, 10))
         assert await topic.append(payload(10)) == 10
-        # A lost reply: the extension was applied; the next write adopts it, not fenced.
+        # A lost reply: the write was applied; the next write adopts it, not fenced.
         flaky.lose_reply = 1
-        await append_range(topic, 11, 40)
+        await advancing(kw["clock"], append_range(topic, 11, 40))
         assert topic.reserved_through >= 39
         state = await state_of(metadata)
         assert state.broker_id == "a" and state.reserved_through == topic.reserved_through
@@ -352,15 +359,16 @@ async def test_an_append_waiting_for_its_reservation_gets_no_offset_after_the_se
     config = replace(kw["config"], offset_reservation_step=10)
     topic = make_topic("a", tmp_path, **{**kw, "metadata": gated, "config": config})
     async with topic:
-        gated.gate = asyncio.Event()  # the metadata store stalls: extensions hang
-        await append_range(topic, 0, 10)
+        gated.gate = asyncio.Event()  # the metadata store stalls: extensions and commits hang
+        acked = [asyncio.ensure_future(topic.append(payload(o))) for o in range(10)]
         waiting = asyncio.ensure_future(topic.append(b"needs an extension"))
         await asyncio.sleep(0.01)
-        assert not waiting.done()
+        assert not waiting.done() and not any(a.done() for a in acked)
         seal = asyncio.ensure_future(topic.seal())
         await asyncio.sleep(0.01)
         gated.gate.set()
         sealed = await asyncio.wait_for(seal, 5)
+        assert [await a for a in acked] == list(range(10))
         with pytest.raises(WalClosedError, match="sealing"):
             await waiting
     assert sealed.last_committed_offset == 9

@@ -12,6 +12,7 @@ import pytest
 from ballast.clock import FakeClock
 from ballast.metadata import MemoryStore, keys
 from ballast.storage import (
+    DurabilityTimeoutError,
     FsspecObjectStore,
     InitialPosition,
     Message,
@@ -23,11 +24,10 @@ from ballast.storage import (
     TopicFencedError,
     TopicStateError,
     TopicStatus,
-    UploadConflictError,
     load_catalog,
 )
 
-from .helpers import FlakyObjectStore, collect, eventually, make_topic, payload
+from .helpers import FlakyObjectStore, advancing, collect, eventually, make_topic, payload
 
 
 @pytest.fixture
@@ -85,7 +85,8 @@ async def test_reference_timeline_move_from_a_to_b(
         await sub.ack(27)
         assert await b.upload_now() == 27
     catalog = await load_catalog(metadata, b.topic)
-    assert [(d.start, d.end) for d in catalog.objects] == [(0, 21), (22, 27)]
+    # Every acknowledged append was committed as it came (merging is tested elsewhere).
+    assert [o for d in catalog.objects for o in range(d.start, d.end + 1)] == list(range(28))
     cursor = await metadata.get(
         keys.subscription_cursor("/default/reliable_topic", "subs_reliable")
     )
@@ -133,9 +134,7 @@ async def test_crash_without_seal_same_broker_continues_after_its_wal(
     tmp_path: Path, kw: dict[str, Any], metadata: MemoryStore
 ) -> None:
     async with make_topic("b1", tmp_path, **kw) as topic:
-        await append_range(topic, 0, 10)
-        await topic.upload_now()
-        await append_range(topic, 10, 30)
+        await append_range(topic, 0, 30)  # acknowledged: committed to object storage
     # `async with` left without a seal: like a crash after the appends were acknowledged.
     stats = StorageStats()
     async with make_topic("b1", tmp_path, **kw, stats=stats) as again:
@@ -145,38 +144,32 @@ async def test_crash_without_seal_same_broker_continues_after_its_wal(
             StartSource.LOCAL_WAL,
             29,
         )
-        assert opened.catalog_end == 9 and opened.discarded_segments == 0
+        assert opened.catalog_end == 29 and opened.discarded_segments == 0
         assert stats.opens_by_source == {"local_wal": 1}
-        assert again.uploaded_offset == 9
-        assert await again.upload_now() == 29  # resumes after the catalog: no duplicate
+        assert again.uploaded_offset == 29
+        assert await again.upload_now() == 29  # nothing uploaded twice
         await append_range(again, 30, 33)
         items = await collect(again.read(0, live=False))
     assert [i.offset for i in items] == list(range(33))
     catalog = await load_catalog(metadata, again.topic)
-    ranges = [(d.start, d.end) for d in catalog.objects]
-    assert ranges[0] == (0, 9)
-    flat = [o for s, e in ranges for o in range(s, e + 1)]
-    assert flat == list(range(30))  # every offset exactly once
+    flat = [o for d in catalog.objects for o in range(d.start, d.end + 1)]
+    assert flat == list(range(33))  # every offset exactly once
 
 
-async def test_close_without_seal_other_broker_never_reuses_offsets_only_on_the_old_disk(
+async def test_close_without_seal_other_broker_serves_everything_acknowledged(
     tmp_path: Path, kw: dict[str, Any]
 ) -> None:
-    # Before offset reservations the other broker continued after the catalog, at 22, and
-    # reused offsets 22..25 that b1 had acknowledged. The close released b1's reservation
-    # down to 25, so b2 continues at 26 and skips 22..25 (they are only on b1's disk).
+    # Before acknowledgements waited for object storage, 22..25 were acknowledged while
+    # only on b1's disk, and b2 (another host) had to skip them.
     async with make_topic("b1", tmp_path, **kw) as topic:
-        await append_range(topic, 0, 22)
-        await topic.upload_now()
-        await append_range(topic, 22, 26)  # acknowledged, but only on b1's disk
+        await append_range(topic, 0, 26)
     async with make_topic("b2", tmp_path, **kw) as other:
         opened = other.opened
-        assert (opened.next_offset, opened.source) == (26, StartSource.RESERVATION)
-        assert opened.local_end is None and opened.gap == (22, 25)
-        assert other.gaps == ((22, 25),)
+        assert (opened.next_offset, opened.source) == (26, StartSource.CATALOG)
+        assert opened.local_end is None and opened.gap is None and other.gaps == ()
         await append_range(other, 26, 28)
         items = await collect(other.read(0, live=False))
-    assert [i.offset for i in items] == [*range(22), 26, 27]
+    assert [i.offset for i in items] == list(range(28))
 
 
 async def test_a_used_seal_is_not_trusted_after_the_next_owner_crashes(
@@ -186,15 +179,12 @@ async def test_a_used_seal_is_not_trusted_after_the_next_owner_crashes(
         await append_range(a, 0, 22)
         await a.seal()
     async with make_topic("b", tmp_path, **kw) as b:
-        await append_range(b, 22, 28)
-        await b.upload_now()
-        await append_range(b, 28, 30)
+        await append_range(b, 22, 30)
     # b stopped without a seal. The state still mentions a's seal at 21 only if b never
-    # claimed the topic; it did, so c does not continue at 22 but after b's reservation
-    # (released down to 29 by the close): 28..29 exist only on b's disk and are skipped.
+    # claimed the topic; it did, so c does not continue at 22 but after b's commits.
     async with make_topic("c", tmp_path, **kw) as c:
-        assert (c.opened.next_offset, c.opened.source) == (30, StartSource.RESERVATION)
-        assert c.opened.gap == (28, 29)
+        assert (c.opened.next_offset, c.opened.source) == (30, StartSource.CATALOG)
+        assert c.opened.gap is None
         prev = c.opened.previous_state
         assert prev is not None and (prev.sealed, prev.broker_id) == (False, "b")
         # And if b comes back later, its stale segments are discarded after c's seal.
@@ -203,9 +193,9 @@ async def test_a_used_seal_is_not_trusted_after_the_next_owner_crashes(
     async with make_topic("b", tmp_path, **kw) as b_again:
         assert b_again.opened.source is StartSource.SEALED
         assert b_again.opened.next_offset == 33 and b_again.opened.discarded_segments >= 1
-        assert b_again.gaps == ((28, 29),)  # carried by the seal
+        assert b_again.gaps == ()
         items = await collect(b_again.read(0, live=False))
-    expected = [*range(28), 30, 31, 32]
+    expected = list(range(33))
     assert [i.offset for i in items] == expected
     assert [i.record.payload for i in items] == [payload(o) for o in expected]
 
@@ -229,7 +219,7 @@ async def test_seal_is_fenced_when_another_broker_claimed_the_topic(
         assert state is not None and state.value["broker_id"] == "b"
 
 
-async def test_seal_retries_failed_uploads_without_losing_or_duplicating(
+async def test_appends_wait_through_failed_uploads_without_losing_or_duplicating(
     tmp_path: Path,
     object_store: FsspecObjectStore,
     metadata: MemoryStore,
@@ -248,13 +238,9 @@ async def test_seal_retries_failed_uploads_without_losing_or_duplicating(
         stats=stats,
     )
     async with topic:
-        await append_range(topic, 0, 40)
-        seal = asyncio.ensure_future(topic.seal())
-        # The backoff sleeps on the fake clock: move time until the seal gets through.
-        while not seal.done():
-            await clock.advance(1)
-            await asyncio.sleep(0.001)
-        sealed = seal.result()
+        # The backoff sleeps on the fake clock: move time until the appends get through.
+        await advancing(clock, append_range(topic, 0, 40))
+        sealed = await topic.seal()
     assert sealed.last_committed_offset == 39
     assert stats.upload_failures == 4 and flaky.failed == 4
     catalog = await load_catalog(metadata, topic.topic)
@@ -262,7 +248,7 @@ async def test_seal_retries_failed_uploads_without_losing_or_duplicating(
     assert flat == list(range(40))
 
 
-async def test_failed_seal_leaves_the_topic_open_and_serving(
+async def test_nothing_is_acknowledged_while_object_storage_is_down_and_the_seal_waits(
     tmp_path: Path,
     object_store: FsspecObjectStore,
     metadata: MemoryStore,
@@ -270,22 +256,22 @@ async def test_failed_seal_leaves_the_topic_open_and_serving(
     config: StorageConfig,
 ) -> None:
     flaky = FlakyObjectStore(object_store, fail_puts=10**6)  # object storage is down
+    config = replace(config, ack_timeout_seconds=0.2)
     topic = make_topic("a", tmp_path, objects=flaky, metadata=metadata, clock=clock, config=config)
     async with topic:
-        await append_range(topic, 0, 5)
+        with pytest.raises(DurabilityTimeoutError, match="offset 0 not committed"):
+            await topic.append(payload(0))
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.2):
                 await topic.seal()
-        assert topic.status is TopicStatus.OPEN
-        assert await topic.append(b"still open") == 5
+        assert topic.status is TopicStatus.OPEN and topic.uploaded_offset == -1
         state = await metadata.get(keys.storage_state(topic.topic))
         assert state is not None and state.value["sealed"] is False
-        flaky.fail_puts = 0  # storage is back: the seal now succeeds
-        seal = asyncio.ensure_future(topic.seal())
-        while not seal.done():
-            await clock.advance(30)
-            await asyncio.sleep(0.001)
-        assert seal.result().last_committed_offset == 5
+        flaky.fail_puts = 0  # storage is back: what was written is committed, then sealed
+        sealed = await advancing(clock, topic.seal(), step=30)
+        assert sealed.last_committed_offset == 0
+    catalog = await load_catalog(metadata, topic.topic)
+    assert [(d.start, d.end) for d in catalog.objects] == [(0, 0)]
 
 
 async def test_lifecycle_refuses_illegal_operations(tmp_path: Path, kw: dict[str, Any]) -> None:
@@ -313,19 +299,34 @@ async def test_ack_beyond_the_end_is_refused(tmp_path: Path, kw: dict[str, Any])
             await topic.ack("s", 3)
 
 
-async def test_uploader_runs_on_its_interval_and_at_the_size_threshold(
-    tmp_path: Path, kw: dict[str, Any]
+async def test_each_append_is_committed_before_it_returns_and_small_objects_are_merged(
+    tmp_path: Path, kw: dict[str, Any], metadata: MemoryStore, object_store: FsspecObjectStore
 ) -> None:
-    config = replace(kw["config"], upload_interval_seconds=30, upload_threshold_bytes=1000)
-    async with make_topic("a", tmp_path, **{**kw, "config": config}) as topic:
-        await append_range(topic, 0, 5)  # ~200 bytes: below the threshold
-        await kw["clock"].advance(29)
-        await asyncio.sleep(0.05)
-        assert topic.uploaded_offset == -1
-        await kw["clock"].advance(1)
-        await eventually(lambda: topic.uploaded_offset == 4)
-        await topic.append_batch([Message(payload(o)) for o in range(5, 40)])  # > 1000 bytes
-        await eventually(lambda: topic.uploaded_offset == 39)  # no clock movement needed
+    config = replace(kw["config"], upload_interval_seconds=30, merge_grace_seconds=10)
+    stats = StorageStats()
+    async with make_topic("a", tmp_path, **{**kw, "config": config}, stats=stats) as topic:
+        for offset in range(5):
+            assert await topic.append(payload(offset)) == offset
+            assert topic.uploaded_offset == offset  # the acknowledgement is the commit
+        catalog = await load_catalog(metadata, topic.topic)
+        assert [(d.start, d.end) for d in catalog.objects] == [(o, o) for o in range(5)]
+        small = [d.object_id for d in catalog.objects]
+        await kw["clock"].advance(30)  # the merge interval
+        await eventually(lambda: stats.objects_merged == 5)
+        catalog = await load_catalog(metadata, topic.topic)
+        assert [(d.start, d.end) for d in catalog.objects] == [(0, 4)]
+        assert await object_store.get(small[0])  # readers may still be on their way
+        await kw["clock"].advance(30)  # past the grace: the merged objects are deleted
+        await eventually(lambda: not (tmp_path / "objects" / small[0]).exists())
+        items = await collect(topic.read(0, live=False))
+        assert [i.offset for i in items] == list(range(5))
+    # Once `merge_objects` small ones wait, they are merged without waiting for the clock.
+    config = replace(config, merge_objects=4)
+    async with make_topic("a", tmp_path, **{**kw, "config": config}, stats=stats) as topic:
+        await append_range(topic, 5, 9)
+        await eventually(lambda: stats.objects_merged == 9)
+        catalog = await load_catalog(metadata, topic.topic)
+        assert [(d.start, d.end) for d in catalog.objects] == [(0, 4), (5, 8)]
 
 
 async def test_retention_then_tiered_read_has_no_gap_and_no_duplicate(
@@ -346,17 +347,29 @@ async def test_retention_then_tiered_read_has_no_gap_and_no_duplicate(
     assert set(tiers[wal_first:]) == {Tier.WAL}
 
 
-async def test_a_crashed_uploader_loop_surfaces_at_exit(
-    tmp_path: Path, kw: dict[str, Any], metadata: MemoryStore
+class BuggyObjectStore(FlakyObjectStore):
+    """Fails the next put with an unexpected error (a bug, not an outage)."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.bugs = 1
+
+    async def put(self, name: str, data: bytes) -> None:
+        if self.bugs > 0:
+            self.bugs -= 1
+            raise RuntimeError("injected: unexpected failure")
+        await super().put(name, data)
+
+
+async def test_the_uploader_loop_survives_an_unexpected_error(
+    tmp_path: Path, kw: dict[str, Any], object_store: FsspecObjectStore
 ) -> None:
-    topic = make_topic("a", tmp_path, **kw)
-    await metadata.put(keys.storage_object(topic.topic, 0), {"start": "zero"})  # in the way
-    with pytest.raises(BaseExceptionGroup) as caught:
-        async with topic:
-            await append_range(topic, 0, 3)
-            await kw["clock"].advance(kw["config"].upload_interval_seconds)
-            await asyncio.sleep(0.2)  # the loop fails; its task group cancels this task
-    assert caught.group_contains(UploadConflictError)
+    buggy = BuggyObjectStore(object_store)
+    stats = StorageStats()
+    async with make_topic("a", tmp_path, **{**kw, "objects": buggy}, stats=stats) as topic:
+        await advancing(kw["clock"], append_range(topic, 0, 3))
+        assert buggy.bugs == 0 and stats.upload_failures == 1
+        assert topic.uploaded_offset == 2
 
 
 async def test_a_non_live_reader_survives_the_seal_through_object_storage(

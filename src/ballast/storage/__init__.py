@@ -38,7 +38,7 @@ from ballast.storage.topic import (
     TopicStateError,
     TopicStatus,
 )
-from ballast.storage.uploader import UploadConflictError, Uploader
+from ballast.storage.uploader import DurabilityTimeoutError, UploadConflictError, Uploader
 from ballast.storage.wal import (
     OffsetUnavailableError,
     WalClosedError,
@@ -51,6 +51,7 @@ __all__ = [
     "CorruptObjectError",
     "Corruption",
     "DecodeResult",
+    "DurabilityTimeoutError",
     "FsspecObjectStore",
     "FsyncPolicy",
     "Gap",

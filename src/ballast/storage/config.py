@@ -36,11 +36,17 @@ class StorageConfig:
     retention_seconds: float = 600.0
     index_interval_bytes: int = 64 * 1024
     read_batch_bytes: int = 1 * MiB
+    # A send is acknowledged once committed to object storage (see `uploader`): every
+    # WAL commit is uploaded at once, and the small objects this makes are merged into one
+    # every `upload_interval_seconds` or once `merge_objects` of them wait.
     upload_interval_seconds: float = 30.0
-    upload_threshold_bytes: int = 8 * MiB
+    upload_threshold_bytes: int = 8 * MiB  # without a claim only: the background mover
     max_object_bytes: int = 16 * MiB
-    upload_retry_initial_seconds: float = 0.5
-    upload_retry_max_seconds: float = 30.0
+    merge_objects: int = 64
+    merge_grace_seconds: float = 30.0  # merged objects are deleted this long after
+    ack_timeout_seconds: float = 30.0  # an append not committed by then fails (not acked)
+    upload_retry_initial_seconds: float = 0.05
+    upload_retry_max_seconds: float = 5.0
     cursor_flush_seconds: float = 5.0
     cursor_flush_acks: int = 1000
     # Offsets the owner may assign beyond the last one without another metadata write. The
@@ -59,6 +65,9 @@ class StorageConfig:
             "upload_interval_seconds": self.upload_interval_seconds,
             "upload_threshold_bytes": self.upload_threshold_bytes,
             "max_object_bytes": self.max_object_bytes,
+            "merge_objects": self.merge_objects,
+            "merge_grace_seconds": self.merge_grace_seconds,
+            "ack_timeout_seconds": self.ack_timeout_seconds,
             "upload_retry_initial_seconds": self.upload_retry_initial_seconds,
             "upload_retry_max_seconds": self.upload_retry_max_seconds,
             "cursor_flush_seconds": self.cursor_flush_seconds,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -21,6 +21,7 @@ from ballast.metadata import keys
 from ballast.metadata.store import MetadataError, MetadataStore
 from ballast.model import TopicName
 from ballast.storage.config import StorageConfig
+from ballast.storage.reservation import TopicFencedError
 from ballast.storage.stats import StorageStats
 
 __all__ = ["CursorError", "SubscriptionCursors", "parse_cursor"]
@@ -60,9 +61,13 @@ class SubscriptionCursors:
         clock: Clock,
         config: StorageConfig | None = None,
         stats: StorageStats | None = None,
+        writer: Callable[[str, Any], Awaitable[None]] | None = None,
     ) -> None:
         self.topic = topic
         self._metadata = metadata
+        # The owner's claim fences cursor writes (`TopicClaim.fenced_put`): a deposed owner
+        # must not move the new owner's cursors back.
+        self._put = writer or metadata.put
         self._clock = clock
         self._config = config or StorageConfig()
         self._stats = stats or StorageStats()
@@ -122,7 +127,7 @@ class SubscriptionCursors:
                     continue
                 key = keys.subscription_cursor(self.topic, subscription)
                 value = {"last_acked_offset": acked, "timestamp": self._clock.now()}
-                await self._metadata.put(key, value)
+                await self._put(key, value)
                 cursor.persisted = acked
                 cursor.acks_since_flush = 0
                 written += 1
@@ -152,7 +157,7 @@ class SubscriptionCursors:
         finally:
             try:
                 await self.flush()
-            except MetadataError as flush_exc:
+            except (MetadataError, TopicFencedError) as flush_exc:
                 log.error("%s: final cursor flush failed: %s", self._name, flush_exc)
 
     async def _loop(self) -> None:
@@ -164,3 +169,6 @@ class SubscriptionCursors:
             except MetadataError as exc:
                 # The cursors stay dirty and go out with the next tick.
                 log.warning("%s: cursor flush failed, will retry: %s", self._name, exc)
+            except TopicFencedError as exc:
+                log.warning("%s: %s; cursors are no longer written here", self._name, exc)
+                return

@@ -9,7 +9,14 @@ once another broker has claimed the topic, the deposed owner can neither extend 
 reservation (its appends beyond it fail with `TopicFencedError`) nor seal.
 
 Whoever opens the topic after a crash continues after the reservation, so it never reuses
-an offset the crashed owner may have acknowledged, even when that owner's disk is gone.
+an offset the crashed owner may have assigned, even when that owner's disk is gone.
+
+The claim is also the fence of everything else the owner writes for the topic: a commit of
+appended records (`commit`: the descriptor of an uploaded object, written together with a
+fresh copy of the state, so that a new owner's claim, fenced on the state's revision, is
+ordered after every commit it did not see) and the subscription cursors (`fenced_put`).
+Once another broker has claimed the topic, every one of these writes fails, so a deposed
+owner — stalled, partitioned or a zombie — can never acknowledge a send again.
 Extensions happen early (when less than half a step is left) in the background, so
 appends normally never wait for the metadata store: one write per
 `offset_reservation_step` offsets. A graceful close releases the unused part.
@@ -22,12 +29,13 @@ import contextlib
 import dataclasses
 import logging
 import math
+from collections.abc import Sequence
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from ballast.clock import Clock
 from ballast.metadata import keys
-from ballast.metadata.store import Compare, MetadataError, MetadataStore, Put
+from ballast.metadata.store import Compare, MetadataError, MetadataStore, Put, TxnOp
 from ballast.model import TopicName
 from ballast.storage.config import StorageConfig
 from ballast.storage.seal import SealedState, StateError
@@ -216,6 +224,50 @@ class TopicClaim:
                 return
             self._limit = last_assigned
 
+    async def commit(self, ops: Sequence[TxnOp]) -> None:
+        """Apply `ops` (an upload's descriptor) with a fresh copy of the state, fenced.
+
+        Raises `TopicFencedError` once another broker claimed the topic, and lets metadata
+        store errors through (the caller retries; a lost reply is adopted by `_write`).
+        """
+        async with self._lock:
+            if self._fenced:
+                raise self._fenced_error()
+            refreshed = dataclasses.replace(self.state, timestamp=self._clock.now())
+            if not await self._write(refreshed, ops):
+                self._fence()
+                raise self._fenced_error()
+
+    async def fenced_put(self, key: str, value: Any) -> None:
+        """Put `key` only while this claim holds (a subscription cursor).
+
+        Raises `TopicFencedError` once another broker claimed the topic.
+        """
+        async with self._lock:
+            if self._fenced:
+                raise self._fenced_error()
+            txn = await self._metadata.txn(
+                [Compare.mod_revision_equals(self.key, self._revision)], [Put(key, value)]
+            )
+            if txn.succeeded:
+                return
+            current = await self._metadata.get(self.key)
+            found = None
+            if current is not None:
+                with contextlib.suppress(StateError):
+                    found = SealedState.from_dict(current.value, self.key)
+            if found is not None and found in self._uncertain:
+                # Our own earlier write whose reply was lost: adopt it and try again.
+                self._state, self._revision = found, current.mod_revision  # type: ignore[union-attr]
+                self._uncertain.clear()
+                txn = await self._metadata.txn(
+                    [Compare.mod_revision_equals(self.key, self._revision)], [Put(key, value)]
+                )
+                if txn.succeeded:
+                    return
+            self._fence()
+            raise self._fenced_error()
+
     async def write_sealed(self, sealed: SealedState) -> bool:
         """Write the sealed state if this claim is still in place; False if fenced.
 
@@ -279,8 +331,8 @@ class TopicClaim:
             self._stats.reservation_extensions += 1
             log.debug("%s: offsets reserved through %d", self._name, target)
 
-    async def _write(self, state: SealedState) -> bool:
-        """Put `state` if the key is at this owner's last revision; False if it is not.
+    async def _write(self, state: SealedState, extra: Sequence[TxnOp] = ()) -> bool:
+        """Put `state` (and `extra`) if the key is at this owner's last revision; False if not.
 
         A write whose reply was lost may still have been applied: if the key now holds
         exactly such a write of ours, it is adopted and the put is tried again. (A sealed
@@ -290,7 +342,7 @@ class TopicClaim:
         try:
             txn = await self._metadata.txn(
                 [Compare.mod_revision_equals(self.key, self._revision)],
-                [Put(self.key, state.to_dict())],
+                [Put(self.key, state.to_dict()), *extra],
             )
         except BaseException:
             self._uncertain.append(state)
@@ -309,7 +361,7 @@ class TopicClaim:
         if found in self._uncertain:
             self._state, self._revision = found, current.mod_revision
             self._uncertain.clear()
-            return await self._write(state)
+            return await self._write(state, extra)
         if (
             state.sealed
             and found.sealed
@@ -333,6 +385,6 @@ class TopicClaim:
     def _fenced_error(self) -> TopicFencedError:
         return TopicFencedError(
             f"{self.topic}: the storage state was changed by another broker; "
-            f"{self.broker_id} no longer owns the topic and cannot extend its offset "
-            f"reservation beyond {self.reserved_through}"
+            f"{self.broker_id} no longer owns the topic: it commits and acknowledges nothing "
+            f"more and cannot extend its offset reservation beyond {self.reserved_through}"
         )

@@ -26,7 +26,10 @@ class StorageStats:
     wal_segments_deleted: int = 0
     objects_uploaded: int = 0
     bytes_uploaded: int = 0
-    upload_failures: int = 0
+    upload_failures: int = 0  # failed attempts to write an object or commit a descriptor
+    objects_merged: int = 0  # small committed objects rewritten into bigger ones
+    ack_timeouts: int = 0  # appends not committed to object storage in time (not acked)
+    reader_retries: int = 0  # subscription readers restarted after a storage error
     descriptors_skipped: int = 0
     cursor_flushes: int = 0
     reader_gaps: int = 0  # holes a reader stepped over that no recorded gap explains

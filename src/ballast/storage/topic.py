@@ -277,9 +277,16 @@ class ReliableTopic:
             stats=self.stats,
             checkpoint=checkpoint,
             gaps=gaps,
+            claim=claim,
+            catalog=catalog,
         )
         cursors = SubscriptionCursors(
-            self.topic, self._metadata, clock=self._clock, config=self._config, stats=self.stats
+            self.topic,
+            self._metadata,
+            clock=self._clock,
+            config=self._config,
+            stats=self.stats,
+            writer=claim.fenced_put,
         )
         await stack.enter_async_context(claim)  # first in, last out: after the WAL stops
         await stack.enter_async_context(wal)
@@ -364,6 +371,8 @@ class ReliableTopic:
             sealed = SealedState(True, last, self.broker_id, self._clock.now(), gaps=self._gaps)
             assert self._claim is not None
             written = await self._claim.write_sealed(sealed)
+        except TopicFencedError:
+            written = False
         except BaseException:
             self._wal.set_accepting_appends(True)
             self._transition("seal_failed")
@@ -420,12 +429,29 @@ class ReliableTopic:
     async def append(
         self, payload: bytes, *, key: bytes | None = None, headers: Headers = ()
     ) -> int:
-        """Append a message; returns its offset once durable (per the fsync policy)."""
-        return await self._require_open("append").append(payload, key=key, headers=headers)
+        """Append a message; returns its offset once committed to object storage.
+
+        That is the acknowledgement: raises `TopicFencedError` if another broker took the
+        topic over first, `DurabilityTimeoutError` if the commit does not happen within
+        `ack_timeout_seconds` (the record may still be committed later: a duplicate if the
+        producer sends it again, never a loss).
+        """
+        offset = await self._require_open("append").append(payload, key=key, headers=headers)
+        await self._committed(offset)
+        return offset
 
     async def append_batch(self, messages: Sequence[Message]) -> range:
-        """Append messages with consecutive offsets; returns them once durable."""
-        return await self._require_open("append").append_batch(messages)
+        """Append messages with consecutive offsets; returns them once committed."""
+        offsets = await self._require_open("append").append_batch(messages)
+        if offsets:
+            await self._committed(offsets[-1])
+        return offsets
+
+    async def _committed(self, offset: int) -> None:
+        uploader = self._uploader
+        if uploader is None:
+            raise TopicStateError(f"[lifecycle] {self.topic}: stopped before {offset} committed")
+        await uploader.wait_committed(offset, self._config.ack_timeout_seconds)
 
     async def flush(self) -> int:
         """Wait for pending appends and fsync; returns the last committed offset."""

@@ -1,18 +1,37 @@
-"""The uploader: moves the WAL's committed records into object storage.
+"""The uploader: moves the WAL's records into object storage and commits them there.
 
-Every `upload_interval_seconds`, or as soon as `upload_threshold_bytes` are waiting, the
-range after the checkpoint is packed into objects of at most `max_object_bytes`. Each
-object is written first and its descriptor second, so a descriptor never names a missing
-object; a crash in between leaves only an orphan object that nothing references. The
-descriptor is created only if absent, so a retried or repeated upload never duplicates a
-range. The checkpoint is the highest uploaded offset: it comes from the catalog on start,
-so it survives restarts and moves. An object never spans a gap in the offsets (see
-`WriteAheadLog.open`): the range after a gap starts a new object.
+A reliable topic acknowledges a send only once the record is in object storage and its
+object's descriptor is committed under the owner's claim (`TopicClaim.commit`, fenced on
+the topic's state): the object store is the commit point, the local WAL a buffer and a
+read cache. So a new owner — after a move, a crash, a stall or the loss of the whole host —
+finds every acknowledged record in the catalog, and a deposed owner (its claim overwritten
+by the new owner's) cannot commit, hence cannot acknowledge.
+
+With a claim (`ReliableTopic` always passes one) every WAL commit wakes the uploader; a
+pass packs everything committed to the WAL since the last pass into one object, so the
+number of objects follows the passes (one in flight at a time), not the sends: appends
+that arrive while a pass runs go together into the next one. Those small objects are
+later rewritten into one (`_merge`: at most `merge_objects` of them, or every
+`upload_interval_seconds`), its descriptor replacing theirs in one fenced transaction, so
+the catalog stays small; the old objects are deleted after `merge_grace_seconds`.
+
+Without a claim (the storage engine's own tests) the uploader works as a background
+mover: every `upload_interval_seconds`, or once `upload_threshold_bytes` wait, with
+create-if-absent descriptors.
+
+Each object is written first and its descriptor second, so a descriptor never names a
+missing object; a crash in between leaves only an orphan object that nothing references.
+The checkpoint is the highest committed offset: it comes from the catalog on start, so it
+survives restarts and moves. An object never spans a gap in the offsets (see
+`WriteAheadLog.open`): the range after a gap starts a new object. Failures of the object
+store or the metadata store are retried with backoff, counted and logged once per outage;
+the loop itself never dies of one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -21,16 +40,24 @@ from typing import Self, TypeVar
 
 from ballast.aio import LoopTasks, tick
 from ballast.clock import Clock
-from ballast.metadata.store import MetadataError, MetadataStore
+from ballast.metadata import keys
+from ballast.metadata.store import Delete, MetadataError, MetadataStore, Put
 from ballast.model import TopicName
-from ballast.storage.catalog import ObjectDescriptor, PublishOutcome, publish_descriptor
+from ballast.storage.catalog import (
+    ObjectCatalog,
+    ObjectDescriptor,
+    PublishOutcome,
+    publish_descriptor,
+)
+from ballast.storage.codec import Record
 from ballast.storage.config import StorageConfig
-from ballast.storage.objects import ObjectBuilder, ObjectStore, ObjectStoreError
+from ballast.storage.objects import ObjectBuilder, ObjectStore, ObjectStoreError, read_object
+from ballast.storage.reservation import TopicClaim, TopicFencedError
 from ballast.storage.seal import Gap, gap_end_after
 from ballast.storage.stats import StorageStats
-from ballast.storage.wal import WriteAheadLog
+from ballast.storage.wal import OffsetUnavailableError, WalError, WriteAheadLog
 
-__all__ = ["UploadConflictError", "Uploader", "object_name"]
+__all__ = ["DurabilityTimeoutError", "UploadConflictError", "Uploader", "object_name"]
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +72,16 @@ RETRYABLE: tuple[type[BaseException], ...] = (
     ConnectionError,
 )
 
+# At most this many descriptors change in one merge (etcd allows 128 operations per txn).
+_MERGE_MAX = 100
+
 
 class UploadConflictError(Exception):
     """The catalog holds something the uploader cannot reconcile (names the key)."""
+
+
+class DurabilityTimeoutError(Exception):
+    """An append was not committed to object storage in time (it may be later)."""
 
 
 def object_name(topic: TopicName, start: int, end: int) -> str:
@@ -70,6 +104,8 @@ class Uploader:
         stats: StorageStats | None = None,
         checkpoint: int = -1,
         gaps: Sequence[Gap] = (),
+        claim: TopicClaim | None = None,
+        catalog: ObjectCatalog | None = None,
     ) -> None:
         self.topic = topic
         self._wal = wal
@@ -80,20 +116,64 @@ class Uploader:
         self._stats = stats or StorageStats()
         self._checkpoint = checkpoint
         self._gaps = tuple(gaps)  # skipped offsets: nothing to upload there
+        self._claim = claim
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
+        self._committed = asyncio.Event()  # replaced after each commit (see _notify)
+        self._failure: BaseException | None = None  # fenced: nothing commits any more
+        self._stopped = False
         self._loops = LoopTasks()
         self._name = f"uploader{topic}"
+        # Small objects committed and not merged yet (contiguous runs, in offset order).
+        self._small: list[ObjectDescriptor] = _small_tail(catalog, self._config)
+        self._last_merge = clock.now()
+        self._garbage: list[tuple[float, str]] = []  # (delete after, object) once merged
+        self._failing = False  # in an outage: log its end once
         wal.mark_uploaded(checkpoint)
 
     @property
     def checkpoint(self) -> int:
-        """Highest offset known to be in object storage."""
+        """Highest offset committed to object storage."""
         return self._checkpoint
 
     def trigger(self) -> None:
-        """Ask for an upload pass now (the WAL calls this at the size threshold)."""
-        self._wake.set()
+        """The WAL committed records: upload now (with a claim) or at the size threshold."""
+        if self._claim is not None or (
+            self._wal.unuploaded_bytes >= self._config.upload_threshold_bytes
+        ):
+            self._wake.set()
+
+    async def wait_committed(self, offset: int, timeout: float) -> None:
+        """Return once `offset` is committed to object storage.
+
+        Raises `TopicFencedError` if another broker took the topic over first,
+        `DurabilityTimeoutError` after `timeout` seconds (object or metadata store down),
+        `WalError` if the uploader stopped.
+        """
+        if self._checkpoint >= offset:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._checkpoint < offset:
+            if self._failure is not None:
+                raise self._failure
+            if self._stopped:
+                raise WalError(f"{self._name}: stopped before offset {offset} was committed")
+            left = deadline - loop.time()
+            if left <= 0:
+                self._stats.ack_timeouts += 1
+                raise DurabilityTimeoutError(
+                    f"{self.topic}: offset {offset} not committed to object storage within "
+                    f"{timeout:.0f}s (object store {self._objects.url} or metadata store "
+                    "unavailable?)"
+                )
+            event = self._committed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), left)
+
+    def _notify(self) -> None:
+        event, self._committed = self._committed, asyncio.Event()
+        event.set()
 
     async def __aenter__(self) -> Self:
         await self._loops.start(
@@ -105,6 +185,8 @@ class Uploader:
             }
         )
         self._wal.set_upload_trigger(self.trigger)
+        if self._wal.committed_offset > self._checkpoint:
+            self._wake.set()  # kept local records (a restart): commit them
         return self
 
     async def __aexit__(
@@ -113,19 +195,44 @@ class Uploader:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        # No final upload here: what is not uploaded stays in the durable local WAL and is
-        # uploaded after a restart. A seal drains explicitly before stopping the uploader.
-        # The loops sleep on the injected clock (which may never move again): cancel them.
+        # No final upload here: a seal drains explicitly before stopping the uploader, and
+        # what is not committed was not acknowledged. The loops sleep on the injected clock
+        # (which may never move again): cancel them.
+        self._stopped = True
+        self._notify()
         await self._loops.stop(exc_type, exc, tb)
 
     async def _loop(self) -> None:
+        delay = self._config.upload_retry_initial_seconds
         while True:
             await self._wake.wait()
             self._wake.clear()
-            await self.upload_pending()
+            try:
+                await self.upload_pending()
+                if self._claim is not None:
+                    await self._merge_due()
+                    await self._collect_garbage()
+                delay = self._config.upload_retry_initial_seconds
+            except TopicFencedError as exc:
+                self._failure = exc
+                self._notify()
+                log.warning("%s: %s; nothing more is committed here", self._name, exc)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug or an unexpected store error: never die of it
+                self._stats.upload_failures += 1
+                log.exception(
+                    "%s: upload pass failed; retrying in %.2fs: %s", self._name, delay, exc
+                )
+                await self._clock.sleep(delay)
+                delay = min(delay * 2, self._config.upload_retry_max_seconds)
+                self._wake.set()
 
     async def drain(self) -> int:
         """Upload everything committed so far; returns the checkpoint (used by seal)."""
+        if self._failure is not None:
+            raise self._failure
         return await self.upload_pending()
 
     async def upload_pending(self) -> int:
@@ -157,6 +264,8 @@ class Uploader:
                     if not records:
                         break
                     for record in records:
+                        if record.offset > target:
+                            break
                         if builder.end is not None and record.offset != builder.end + 1:
                             contiguous = False  # a gap: the rest goes into the next object
                             break
@@ -169,6 +278,7 @@ class Uploader:
                     # at the end of the WAL). Nothing to upload there, ever.
                     self._checkpoint = target
                     self._wal.mark_uploaded(target)
+                    self._notify()
                     break
                 await self._upload_object(builder)
         await self._wal.apply_retention()
@@ -181,56 +291,204 @@ class Uploader:
         name = object_name(self.topic, start, end)
         await self._retrying(f"writing object {name}", lambda: self._objects.put(name, data))
         descriptor = ObjectDescriptor(start, end, name, len(data), self._clock.now())
+        if self._claim is not None:
+            claim = self._claim
+            put = Put(keys.storage_object(self.topic, start), descriptor.to_dict())
+            await self._retrying(
+                f"committing descriptor {start}..{end}", lambda: claim.commit([put])
+            )
+            self._committed_range(descriptor, len(data))
+            self._small.append(descriptor)
+            return
         outcome, existing = await self._retrying(
             f"writing descriptor {start}..{end}",
             lambda: publish_descriptor(self._metadata, self.topic, descriptor),
         )
         if outcome is PublishOutcome.CREATED:
-            self._checkpoint = end
-            self._stats.objects_uploaded += 1
-            self._stats.bytes_uploaded += len(data)
-            log.debug("%s: uploaded %d..%d as %s", self._name, start, end, name)
-        else:
-            if existing is None:
-                raise UploadConflictError(
-                    f"{self._name}: a malformed descriptor occupies offset {start}; "
-                    "fix or delete that key"
-                )
-            # The range (or its beginning) is already described, e.g. by an attempt whose
-            # reply was lost. The catalog wins: adopt its end and drop our copy.
-            if outcome is PublishOutcome.CONFLICT:
-                log.warning(
-                    "%s: offset %d already uploaded as %d..%d; continuing after it",
-                    self._name,
-                    start,
-                    existing.start,
-                    existing.end,
-                )
-            self._checkpoint = max(self._checkpoint, existing.end)
-            if existing.object_id != name:
-                try:
-                    await self._objects.delete(name)
-                except ObjectStoreError as exc:
-                    log.warning("%s: could not delete orphan %s: %s", self._name, name, exc)
+            self._committed_range(descriptor, len(data))
+            return
+        if existing is None:
+            raise UploadConflictError(
+                f"{self._name}: a malformed descriptor occupies offset {start}; "
+                "fix or delete that key"
+            )
+        # The range (or its beginning) is already described, e.g. by an attempt whose
+        # reply was lost. The catalog wins: adopt its end and drop our copy.
+        if outcome is PublishOutcome.CONFLICT:
+            log.warning(
+                "%s: offset %d already uploaded as %d..%d; continuing after it",
+                self._name,
+                start,
+                existing.start,
+                existing.end,
+            )
+        self._checkpoint = max(self._checkpoint, existing.end)
+        if existing.object_id != name:
+            try:
+                await self._objects.delete(name)
+            except ObjectStoreError as exc:
+                log.warning("%s: could not delete orphan %s: %s", self._name, name, exc)
         self._wal.mark_uploaded(self._checkpoint, len(data))
+        self._notify()
+
+    def _committed_range(self, descriptor: ObjectDescriptor, nbytes: int) -> None:
+        self._checkpoint = descriptor.end
+        self._stats.objects_uploaded += 1
+        self._stats.bytes_uploaded += nbytes
+        self._wal.mark_uploaded(descriptor.end, nbytes)
+        self._notify()
+        log.debug(
+            "%s: committed %d..%d as %s",
+            self._name,
+            descriptor.start,
+            descriptor.end,
+            descriptor.object_id,
+        )
+
+    # -- merging small objects -------------------------------------------------------------
+
+    async def _merge_due(self) -> None:
+        """Merge small objects when enough piled up or the interval passed."""
+        now = self._clock.now()
+        if len(self._small) >= self._config.merge_objects or (
+            len(self._small) > 1 and now - self._last_merge >= self._config.upload_interval_seconds
+        ):
+            self._last_merge = now
+            async with self._lock:
+                while len(self._small) > 1:
+                    if not await self._merge():
+                        break
+
+    async def _merge(self) -> bool:
+        """Rewrite the first run of small objects into one; False if nothing was merged."""
+        group = [self._small[0]]
+        size = group[0].size
+        for descriptor in self._small[1:]:
+            if (
+                descriptor.start != group[-1].end + 1
+                or size + descriptor.size > self._config.max_object_bytes
+                or len(group) >= _MERGE_MAX
+            ):
+                break
+            group.append(descriptor)
+            size += descriptor.size
+        if len(group) < 2:
+            self._small.pop(0)  # nothing to merge it with (a gap follows, or it is big)
+            return bool(self._small)
+        builder = ObjectBuilder(self._config.index_interval_bytes)
+        for record in await self._records(group):
+            builder.add(record)
+        start, end = group[0].start, group[-1].end
+        if builder.start != start or builder.end != end or builder.count != end - start + 1:
+            log.warning(
+                "%s: cannot merge %d..%d (records missing); left as is", self._name, start, end
+            )
+            del self._small[: len(group)]
+            return bool(self._small)
+        data = builder.finish()
+        name = object_name(self.topic, start, end)
+        await self._retrying(f"writing merged object {name}", lambda: self._objects.put(name, data))
+        merged = ObjectDescriptor(start, end, name, len(data), self._clock.now())
+        ops = [
+            Put(keys.storage_object(self.topic, start), merged.to_dict()),
+            *(Delete(keys.storage_object(self.topic, d.start)) for d in group[1:]),
+        ]
+        claim = self._claim
+        assert claim is not None
+        await self._retrying(f"committing merged {start}..{end}", lambda: claim.commit(ops))
+        del self._small[: len(group)]
+        after = self._clock.now() + self._config.merge_grace_seconds
+        self._garbage.extend((after, d.object_id) for d in group)
+        self._stats.objects_merged += len(group)
+        log.debug(
+            "%s: merged %d objects into %s (%d..%d)", self._name, len(group), name, start, end
+        )
+        return True
+
+    async def _records(self, group: list[ObjectDescriptor]) -> list[Record]:
+        """The records of `group`: from the local WAL, else from the objects themselves."""
+        start, end = group[0].start, group[-1].end
+        records: list[Record] = []
+        try:
+            cursor = start
+            while cursor <= end:
+                batch = await self._wal.read(cursor, max_records=4096)
+                if not batch:
+                    break
+                for record in batch:
+                    if record.offset > end:
+                        return records
+                    records.append(record)
+                    cursor = record.offset + 1
+            if records and records[0].offset == start and records[-1].offset == end:
+                return records
+        except OffsetUnavailableError:
+            pass
+        records = []
+        for descriptor in group:
+            stream = read_object(
+                self._objects, descriptor.object_id, descriptor.size, descriptor.start
+            )
+            async with contextlib.aclosing(stream):
+                records.extend([record async for record in stream])
+        return records
+
+    async def _collect_garbage(self) -> None:
+        """Delete merged objects once no reader can still be on its way to them."""
+        now = self._clock.now()
+        due = [name for after, name in self._garbage if after <= now]
+        if not due:
+            return
+        self._garbage = [(after, name) for after, name in self._garbage if after > now]
+        for name in due:
+            try:
+                await self._objects.delete(name)
+            except ObjectStoreError as exc:
+                log.warning("%s: could not delete merged object %s: %s", self._name, name, exc)
 
     async def _retrying(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
-        """Run `op` until it succeeds, backing off exponentially on retryable failures."""
+        """Run `op` until it succeeds, backing off exponentially on retryable failures.
+
+        An outage is logged when it starts and when it ends, not at every attempt; every
+        failed attempt is counted (``upload_failures``).
+        """
         delay = self._config.upload_retry_initial_seconds
         attempt = 0
         while True:
             try:
-                return await op()
+                result = await op()
             except RETRYABLE as exc:
                 attempt += 1
                 self._stats.upload_failures += 1
-                log.warning(
-                    "%s: %s failed (attempt %d), retrying in %.2fs: %s",
-                    self._name,
-                    what,
-                    attempt,
-                    delay,
-                    exc,
-                )
+                if not self._failing:
+                    self._failing = True
+                    log.warning(
+                        "%s: %s failed, retrying with backoff (up to %.0fs): %s",
+                        self._name,
+                        what,
+                        self._config.upload_retry_max_seconds,
+                        exc,
+                    )
                 await self._clock.sleep(delay)
                 delay = min(delay * 2, self._config.upload_retry_max_seconds)
+                continue
+            if self._failing:
+                self._failing = False
+                log.warning(
+                    "%s: %s succeeded after %d failed attempt(s)", self._name, what, attempt
+                )
+            return result
+
+
+def _small_tail(catalog: ObjectCatalog | None, config: StorageConfig) -> list[ObjectDescriptor]:
+    """The catalog's trailing run of small objects (left by earlier owners), to merge."""
+    if catalog is None:
+        return []
+    tail: list[ObjectDescriptor] = []
+    limit = max(1, config.max_object_bytes // 4)
+    for descriptor in reversed(catalog.objects):
+        if descriptor.size >= limit or (tail and descriptor.end + 1 != tail[-1].start):
+            break
+        tail.append(descriptor)
+    tail.reverse()
+    return tail if len(tail) > 1 else []

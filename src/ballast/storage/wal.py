@@ -299,8 +299,13 @@ class WriteAheadLog:
         self._reserver = reserver
 
     def set_upload_trigger(self, trigger: Callable[[], None]) -> None:
-        """Call `trigger` when `upload_threshold_bytes` are committed and not yet uploaded."""
+        """Call `trigger` after every commit (the uploader decides whether to upload)."""
         self._upload_trigger = trigger
+
+    @property
+    def unuploaded_bytes(self) -> int:
+        """Bytes committed here and not yet marked uploaded."""
+        return self._unuploaded_bytes
 
     def mark_uploaded(self, offset: int, nbytes: int = 0) -> None:
         """Everything up to `offset` is in object storage (enables retention)."""
@@ -729,10 +734,7 @@ class WriteAheadLog:
         self._stats.appended_bytes += sum(r.size for r in batch.records)
         self._stats.wal_batches += 1
         self._unuploaded_bytes += batch.nbytes
-        if (
-            self._upload_trigger is not None
-            and self._unuploaded_bytes >= self._config.upload_threshold_bytes
-        ):
+        if self._upload_trigger is not None:
             self._upload_trigger()
         batch.resolve()
         self._notify()
