@@ -268,7 +268,9 @@ class StorageSettings(_Strict):
     object_store: str = ""  # a directory or s3://bucket/prefix; default {data_dir}/objects
     # fsspec options, e.g. {key, secret, client_kwargs: {endpoint_url: ...}} for s3.
     object_store_options: dict[str, Any] = Field(default_factory=dict)
-    fsync_policy: str = Field("batch", pattern="^(batch|interval|never)$")
+    # The WAL is a buffer and read cache: acknowledgements wait for object storage, so
+    # fsyncing it protects nothing acknowledged ("batch" or "interval" to keep it anyway).
+    fsync_policy: str = Field("never", pattern="^(batch|interval|never)$")
     upload_interval_seconds: float = Field(30.0, gt=0)
     cursor_flush_seconds: float = Field(5.0, gt=0)
 

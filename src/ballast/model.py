@@ -405,7 +405,10 @@ class UnassignedMarker:
 
     `ready: false` means the previous owner is still sealing: the leader must not assign
     the topic until the source sets it to true (every Ballast move is graceful), or until
-    the seal timeout overrules it: then `forced` says why (an additive field).
+    the seal timeout overrules it: then `forced` says why (an additive field). A source
+    that could not seal sets it to true with `unsealed` saying why: its acknowledged
+    messages are committed to object storage all the same, and the next owner's claim
+    fences it.
     """
 
     reason: MarkerReason = MarkerReason.NEW
@@ -414,6 +417,7 @@ class UnassignedMarker:
     timestamp: float = 0.0
     ready: bool = True
     forced: str | None = None
+    unsealed: str | None = None  # the source gave the topic up without a seal: why
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -425,6 +429,8 @@ class UnassignedMarker:
         }
         if self.forced is not None:
             data["forced"] = self.forced
+        if self.unsealed is not None:
+            data["unsealed"] = self.unsealed
         return data
 
     @classmethod
@@ -439,6 +445,7 @@ class UnassignedMarker:
             timestamp=_number(data, "timestamp", ctx, 0.0),
             ready=_bool(data, "ready", ctx, True),
             forced=_optional_text(data, "forced", ctx),
+            unsealed=_optional_text(data, "unsealed", ctx),
         )
 
 

@@ -381,6 +381,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run one broker until SIGINT/SIGTERM; clients connect on its broker_url."""
         from ballast.cluster.run import PROFILES, serve
+        from ballast.storage import ObjectStoreMismatchError
 
         if profiles is not None and profiles not in PROFILES:
             raise _fail(f"--profiles {profiles!r}: use one of {', '.join(sorted(PROFILES))}", 2)
@@ -397,7 +398,7 @@ def register(app: typer.Typer) -> None:
             cfg = cfg.model_copy(update={"metrics": cfg.metrics.model_copy(update=metrics)})
         try:
             asyncio.run(serve(etcd, cfg, broker_id, profiles=profiles))
-        except (ValueError, OSError, MetadataError) as exc:
+        except (ValueError, OSError, MetadataError, ObjectStoreMismatchError) as exc:
             raise _fail(str(exc), 2) from None
 
     app.add_typer(admin_app, name="admin")

@@ -55,6 +55,7 @@ from ballast.model import (
     UnassignedMarker,
     validate_broker_id,
 )
+from ballast.storage import SealError
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ class BrokerNode(Service):
         self.registered = asyncio.Event()
         self.reports_published = 0
         self._host_lock = asyncio.Lock()
+        self._unsealed: dict[str, str] = {}  # topic -> why the host could not seal it
         self._resync = asyncio.Event()
         self._retry_scheduled = False
 
@@ -334,12 +336,20 @@ class BrokerNode(Service):
             await self._mark_ready(topic)
 
     async def _unload(self, topic: str) -> bool:
-        """Stop serving `topic` (sealing it); False if the host failed to unload it."""
+        """Stop serving `topic` (sealing it); False if the host failed to unload it.
+
+        A topic the host handed over unsealed (`SealError`) counts as unloaded: its marker
+        is made ready with ``unsealed`` saying why, not as if it had sealed.
+        """
         if topic not in self.serving:
             return True
         self.serving.discard(topic)
         try:
             await self.host.unload(topic)
+        except SealError as exc:
+            self._unsealed[topic] = str(exc)
+            log.warning("%s: %s handed over unsealed: %s", self.name, topic, exc)
+            return True
         except Exception as exc:
             # Not sealed: the marker stays not ready; the leader forces the move after
             # its seal timeout (the storage engine's fenced claim makes that safe).
@@ -363,9 +373,10 @@ class BrokerNode(Service):
                 return
             if marker.from_broker != self.broker_id or marker.ready:
                 return
-            ready = replace(marker, ready=True).to_dict()
+            ready = replace(marker, ready=True, unsealed=self._unsealed.get(topic)).to_dict()
             if await self.store.compare_and_swap(key, kv.mod_revision, ready):
                 log.debug("%s: %s sealed, marker ready", self.name, topic)
+                self._unsealed.pop(topic, None)
                 return
         log.warning("%s: could not set the marker of %s ready (kept changing)", self.name, topic)
 
@@ -383,6 +394,27 @@ class BrokerNode(Service):
                     continue
                 if topic not in self.serving:
                     await self._mark_ready(topic)
+
+    async def release_topic(self, topic: str, why: str) -> None:
+        """Give `topic` back to the leader because it cannot be served here (its WAL
+        failed): the assignment goes and an unload marker waits for our seal attempt; the
+        leader then places the topic on another broker."""
+        key = keys.broker_assignment(self.broker_id, topic)
+        kv = await self.store.get(key)
+        if kv is None:
+            return
+        marker = UnassignedMarker(
+            MarkerReason.UNLOAD, from_broker=self.broker_id, timestamp=self.clock.now(), ready=False
+        )
+        result = await self.store.txn(
+            [
+                Compare.mod_revision_equals(key, kv.mod_revision),
+                Compare.absent(keys.unassigned(topic)),
+            ],
+            [*release_ops(self.broker_id, topic), Put(keys.unassigned(topic), marker.to_dict())],
+        )
+        if result.succeeded:
+            log.warning("%s: released %s: %s", self.name, topic, why)
 
     async def _bounce(self, topic: str, key: str, revision: int) -> None:
         """Send an assignment back: we are draining (one transaction, guarded)."""

@@ -29,6 +29,7 @@ from ballast.config import BallastConfig
 from ballast.metadata import MetadataStore
 from ballast.model import BrokerId
 from ballast.pipeline.history import HistoryWriter
+from ballast.server.host import DataPlaneHost
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ def build_broker(
     """Wire the services of one broker. `history_dir` enables the leader's load history."""
     metrics = metrics if metrics is not None else ClusterMetrics(broker_id)
     node = BrokerNode(store, clock, host, config, broker_id, sampler=sampler, metrics=metrics)
+    if isinstance(host, DataPlaneHost):
+        host.release = node.release_topic  # a topic whose WAL failed goes back to the leader
     election = LeaderElection(
         store, clock, broker_id, config.broker.leader_ttl_seconds, metrics=metrics
     )

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 from collections.abc import Callable
 
 from ballast.clock import SystemClock
@@ -33,6 +34,7 @@ from ballast.model import BrokerId, validate_broker_id
 from ballast.server import DataPlaneHost, DataPlaneServer
 from ballast.server.directory import DEFAULT_NAMESPACE
 from ballast.server.metrics import DataPlaneMetrics
+from ballast.storage import ObjectStoreMismatchError
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +84,8 @@ async def serve(
                 data_host = DataPlaneHost(
                     broker_id, store, clock, config, metrics=DataPlaneMetrics(metrics.registry)
                 )
+                # Refuse to start on an object store the other brokers cannot read.
+                await data_host.verify_object_store()
                 server = DataPlaneServer(data_host, config, config.broker.broker_url)
                 url = await server.start()
                 # Register the real address (a port 0 in the configuration is now bound).
@@ -142,16 +146,20 @@ def main(argv: list[str] | None = None) -> None:
         # Tests wait for this line before they start killing things.
         print(f"BROKER-STARTED {broker_id}", flush=True)
 
-    asyncio.run(
-        serve(
-            args.etcd,
-            config,
-            args.id,
-            profiles=args.profiles,
-            synthetic_resources=args.synthetic_resources,
-            on_started=started,
+    try:
+        asyncio.run(
+            serve(
+                args.etcd,
+                config,
+                args.id,
+                profiles=args.profiles,
+                synthetic_resources=args.synthetic_resources,
+                on_started=started,
+            )
         )
-    )
+    except ObjectStoreMismatchError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ a foreign key instead of crashing.
 | `subscription_cursor(t, s)` | ``/topics/{ns}/{topic}/subscriptions/{s}/cursor`` |
 | `storage_object(t, start)` | ``/storage/topics/{ns}/{topic}/objects/{start:020}`` |
 | `storage_state(t)` | ``/storage/topics/{ns}/{topic}/state`` |
+| `OBJECT_STORE` | ``/storage/object_store`` (the cluster's object store and its probe) |
 | `namespace_storage_prefix(ns)` | ``/storage/topics/{ns}/`` |
 | `namespace_bundles(ns)` | ``/cluster/bundles/{ns}`` (Pulsar's bundle boundaries) |
 | `anti_affinity_group(ns)` | ``/cluster/anti_affinity/{ns}`` (`{group}`) |
@@ -47,6 +48,7 @@ __all__ = [
     "LOAD_BALANCE",
     "LOAD_PREFIX",
     "NAMESPACES_PREFIX",
+    "OBJECT_STORE",
     "OWNERS_PREFIX",
     "REGISTER_PREFIX",
     "STORAGE_PREFIX",
@@ -104,6 +106,7 @@ UNASSIGNED_PREFIX = "/cluster/unassigned/"
 OWNERS_PREFIX = "/cluster/owners/"
 LOAD_PREFIX = "/cluster/load/"
 LEADER = "/cluster/leader"
+OBJECT_STORE = "/storage/object_store"
 LOAD_BALANCE = "/cluster/load_balance"
 HISTORY_PREFIX = "/cluster/rebalancing_history/"
 TOPICS_PREFIX = "/topics/"

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from ballast.clock import Clock
 from ballast.config import BallastConfig
@@ -29,7 +30,7 @@ from ballast.server.directory import Directory
 from ballast.server.dispatch import ConsumerHandle, drain
 from ballast.server.metrics import DataPlaneMetrics
 from ballast.server.relay import ConsumerRelay
-from ballast.server.salvage import salvage_crashed_wal
+from ballast.server.storage_metrics import StorageCollector
 from ballast.server.topics import (
     NonReliableServedTopic,
     ProducerEntry,
@@ -42,8 +43,10 @@ from ballast.storage import (
     ObjectStore,
     ReliableTopic,
     SealedState,
+    SealError,
     StorageConfig,
     StorageStats,
+    verify_shared_object_store,
 )
 
 __all__ = ["DISPATCH_KEY", "DataPlaneHost"]
@@ -93,6 +96,7 @@ class DataPlaneHost:
         )
         self.stats = StorageStats()
         self.counters = metrics if metrics is not None else DataPlaneMetrics()
+        self.counters.registry.register(StorageCollector(self.stats))
         self.directory = Directory(store, clock)
         self.topics: dict[str, ServedTopic] = {}
         self.producers: dict[int, ProducerEntry] = {}
@@ -102,6 +106,9 @@ class DataPlaneHost:
         self._failed_loads: dict[str, UnassignedMarker | None] = {}  # assigned, not opened
         self._assigned: set[str] = set()  # what the broker asked us to serve
         self._opening: dict[str, asyncio.Task[None]] = {}  # topics whose opening runs
+        # Gives a topic that cannot go on here back to the leader (set by the broker).
+        self.release: Callable[[str, str], Coroutine[Any, Any, None]] | None = None
+        self._releasing: dict[str, asyncio.Task[None]] = {}
 
     def objects(self) -> ObjectStore:
         """The shared object store of reliable topics."""
@@ -111,6 +118,10 @@ class DataPlaneHost:
                 storage.object_store_url(), dict(storage.object_store_options)
             )
         return self._objects
+
+    async def verify_object_store(self) -> None:
+        """Raise `ObjectStoreMismatchError` unless this broker uses the cluster's store."""
+        await verify_shared_object_store(self.store, self.objects(), self.broker_id, self.clock)
 
     # -- TopicHost -------------------------------------------------------------------------
 
@@ -153,8 +164,6 @@ class DataPlaneHost:
         window, buffer = self.settings.unacked_window, self.settings.non_reliable_queue
         served: ServedTopic
         if meta.get(DISPATCH_KEY) == RELIABLE:
-            # A crashed owner's acknowledged messages not yet uploaded: take its WAL.
-            await salvage_crashed_wal(self.store, self.wal_dir.parent, self.broker_id, name)
             storage = ReliableTopic(
                 name,
                 broker_id=self.broker_id,
@@ -188,15 +197,37 @@ class DataPlaneHost:
                 opened.source.value,
             )
             served = ReliableServedTopic(
-                topic, storage, window=window, buffer=max(2 * window, 256), now=now
+                topic,
+                storage,
+                window=window,
+                buffer=max(2 * window, 256),
+                now=now,
+                stats=self.stats,
             )
         else:
             served = NonReliableServedTopic(topic, window=window, buffer=buffer, now=now)
             log.info("%s: serving non-reliable %s", self.broker_id, topic)
+        served.on_failure = self._failed
         self.topics[topic] = served
 
+    def _failed(self, topic: str, why: str) -> None:
+        """A served topic cannot go on here (its WAL failed): give it back, once."""
+        log.error("%s: %s cannot be served here: %s; releasing it", self.broker_id, topic, why)
+        self.counters.load_failures.inc()
+        if self.release is None or topic in self._releasing:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self.release(topic, why), name=f"dataplane/{self.broker_id}/release{topic}"
+        )
+        self._releasing[topic] = task
+        task.add_done_callback(lambda _: self._releasing.pop(topic, None))
+
     async def unload(self, topic: str) -> SealedState | None:
-        """Stop serving `topic`: drop its producers, start the consumers' handshake, seal."""
+        """Stop serving `topic`: drop its producers, start the consumers' handshake, seal.
+
+        Raises `SealError` if the topic could not be sealed and was handed over unsealed
+        (it is not served here any more either way).
+        """
         opening = self._opening.get(topic)
         if opening is not None:
             # Let the opening finish (it may be mid-claim), then seal what it opened.
@@ -212,8 +243,12 @@ class DataPlaneHost:
         for consumer in departing:
             consumer.closing = True
             self._later(self.settings.close_handshake_seconds, self._forget_consumer, consumer)
+        unsealed: SealError | None = None
         try:
             sealed = await served.leave()
+        except SealError as exc:
+            # Handed over unsealed: everything acknowledged is in object storage already.
+            unsealed, sealed = exc, None
         except Exception:
             # The broker must go on; without a seal the next owner continues after this
             # owner's reservation (no offset is reused).
@@ -238,6 +273,8 @@ class DataPlaneHost:
             topic,
             f" (sealed at {sealed.last_committed_offset})" if sealed is not None else "",
         )
+        if unsealed is not None:
+            raise unsealed
         return sealed
 
     def metrics(self) -> list[TopicLoad]:

@@ -15,6 +15,7 @@ import abc
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -25,14 +26,20 @@ from ballast.server.dispatch import ConsumerHandle, Delivery, SubscriptionDispat
 from ballast.server.errors import not_served
 from ballast.server.protocol import pb
 from ballast.storage import (
+    DurabilityTimeoutError,
     ReliableTopic,
+    ReservationError,
     SealedState,
+    SealError,
+    StorageStats,
     TopicFencedError,
     TopicStateError,
+    WalClosedError,
     WalError,
 )
 
 __all__ = [
+    "READ_RETRY_INITIAL_SECONDS",
     "NonReliableServedTopic",
     "ProducerEntry",
     "ReliableServedTopic",
@@ -41,6 +48,12 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# A subscription's reader retries a storage error after this long, doubling up to the max.
+READ_RETRY_INITIAL_SECONDS = 0.1
+READ_RETRY_MAX_SECONDS = 5.0
+# A seal that has not finished by then is given up: the topic is handed over unsealed.
+SEAL_WAIT_SECONDS = 10.0
 
 
 class TopicState(StrEnum):
@@ -77,6 +90,8 @@ class ServedTopic(abc.ABC):
         self.bytes_in = 0
         self._sample = (now, 0, 0, 0, 0)  # time, msgs in, bytes in, msgs out, bytes out
         self._lock = asyncio.Lock()
+        # Told (topic, why) when the topic cannot go on here: the host gives it back.
+        self.on_failure: Callable[[str, str], None] | None = None
 
     @property
     def accepting(self) -> bool:
@@ -228,22 +243,53 @@ class ReliableServedTopic(ServedTopic):
     reliable = True
 
     def __init__(
-        self, name: str, storage: ReliableTopic, *, window: int, buffer: int, now: float
+        self,
+        name: str,
+        storage: ReliableTopic,
+        *,
+        window: int,
+        buffer: int,
+        now: float,
+        stats: StorageStats | None = None,
     ) -> None:
         super().__init__(name, window=window, buffer=buffer, now=now)
         self.storage = storage
+        self.stats = stats or StorageStats()
         self._readers: dict[str, asyncio.Task[None]] = {}
         self._persisted: dict[str, int] = {}
 
     async def publish(self, message: Any) -> int:
+        """Append; the offset is returned (acknowledged) once committed to object storage.
+
+        Every failure that means "not here, or not now" is UNAVAILABLE, the one code on
+        which the client looks the topic up again and retries: the message was not
+        acknowledged, so a retry may duplicate it but never loses it.
+        """
         self._require_open()
         key = message.routing_key.encode() if message.HasField("routing_key") else None
         try:
             offset = await self.storage.append(message.SerializeToString(), key=key)
-        except (TopicStateError, WalError) as exc:
+        except TopicFencedError as exc:
+            # Another broker owns the topic now (we stalled or lost our session).
+            self.state = TopicState.CLOSING
+            raise not_served(
+                f"topic {self.name} has moved to another broker ({exc}); redo the lookup",
+                "topic_fenced",
+            ) from None
+        except WalError as exc:
+            if not isinstance(exc, WalClosedError):
+                # The local disk failed: this broker cannot serve the topic any more.
+                self.state = TopicState.CLOSING
+                if self.on_failure is not None:
+                    self.on_failure(self.name, f"its write-ahead log failed: {exc}")
             raise not_served(
                 f"topic {self.name} stopped taking messages here ({exc}); redo the lookup",
                 "topic_sealing",
+            ) from None
+        except (TopicStateError, ReservationError, DurabilityTimeoutError) as exc:
+            raise not_served(
+                f"topic {self.name} could not take the message now ({exc}); retry",
+                "topic_unavailable",
             ) from None
         self.msgs_in += 1
         self.bytes_in += len(message.payload)
@@ -267,24 +313,51 @@ class ReliableServedTopic(ServedTopic):
         return dispatcher
 
     async def _read(self, dispatcher: SubscriptionDispatcher, start: int) -> None:
-        """Feed the dispatcher from storage (objects, WAL, then live), as it has room."""
-        try:
-            async for tiered in self.storage.read(start, live=True):
-                await dispatcher.wait_for_space()
-                if dispatcher.closed:
+        """Feed the dispatcher from storage (objects, WAL, then live), as it has room.
+
+        A storage error (object store or metadata store unreachable, a merged object gone
+        from under a stale catalog) restarts the read after the last record offered, with
+        backoff; it is counted (``reader_retries``) and logged once per outage.
+        """
+        next_offset = start
+        delay = READ_RETRY_INITIAL_SECONDS
+        failing = False
+        while self.accepting and not dispatcher.closed:
+            try:
+                async for tiered in self.storage.read(next_offset, live=True):
+                    await dispatcher.wait_for_space()
+                    if dispatcher.closed:
+                        return
+                    record = tiered.record
+                    message = pb.StreamMessage.FromString(record.payload)
+                    message.msg_id.topic_offset = record.offset
+                    message.msg_id.topic_name = self.name
+                    message.subscription_name = dispatcher.name
+                    dispatcher.offer(_delivery(message, record.offset, len(message.payload)))
+                    next_offset = record.offset + 1
+                    if failing:
+                        failing = False
+                        delay = READ_RETRY_INITIAL_SECONDS
+                        log.warning("topic %s: reader of %s recovered", self.name, dispatcher.name)
+                    await self._persist(dispatcher)
+                return  # the topic stopped (sealed or closed)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not self.accepting:
                     return
-                record = tiered.record
-                message = pb.StreamMessage.FromString(record.payload)
-                message.msg_id.topic_offset = record.offset
-                message.msg_id.topic_name = self.name
-                message.subscription_name = dispatcher.name
-                dispatcher.offer(_delivery(message, record.offset, len(message.payload)))
-                await self._persist(dispatcher)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            if self.accepting:
-                log.exception("topic %s: reader of %s failed", self.name, dispatcher.name)
+                self.stats.reader_retries += 1
+                if not failing:
+                    failing = True
+                    log.warning(
+                        "topic %s: reader of %s failed at offset %d, retrying with backoff: %s",
+                        self.name,
+                        dispatcher.name,
+                        next_offset,
+                        exc,
+                    )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, READ_RETRY_MAX_SECONDS)
 
     async def ack(self, subscription: str, offset: int) -> None:
         dispatcher = self.subscriptions.get(subscription)
@@ -306,24 +379,29 @@ class ReliableServedTopic(ServedTopic):
         return max(0, self.storage.next_offset - 1 - slowest)
 
     async def _seal(self) -> SealedState | None:
+        """Seal within `SEAL_WAIT_SECONDS`; otherwise hand the topic over unsealed.
+
+        Raises `SealError` when the seal did not happen (object or metadata store down):
+        the broker then makes the move ready as unsealed, and the next owner continues
+        from the catalog, which holds everything acknowledged.
+        """
         for task in list(self._readers.values()):
             await cancel_and_wait(task)
         self._readers.clear()
-        last_error: BaseException | None = None
-        for attempt in range(3):
-            try:
+        try:
+            async with asyncio.timeout(SEAL_WAIT_SECONDS):
                 return await self.storage.seal()
-            except TopicFencedError as exc:
-                # Another broker claimed the topic (we lost our session): nothing to seal.
-                log.warning("topic %s: not sealed: %s", self.name, exc)
-                return None
-            except TopicStateError:
-                raise
-            except Exception as exc:  # object storage or metadata store unreachable
-                last_error = exc
-                log.warning("topic %s: seal attempt %d failed: %s", self.name, attempt + 1, exc)
-                await asyncio.sleep(0.5)
-        log.error("topic %s: could not seal (%s); closing unsealed", self.name, last_error)
+        except TopicFencedError as exc:
+            # Another broker claimed the topic (we lost our session): nothing to seal.
+            log.warning("topic %s: not sealed: %s", self.name, exc)
+            return None
+        except TopicStateError:
+            raise
+        except Exception as exc:  # object storage or metadata store unreachable, timeout
+            last_error: BaseException = exc
+        # Everything acknowledged is committed already: the next owner continues from the
+        # catalog, after this owner's reservation (which stays, so no offset is reused).
+        log.error("topic %s: could not seal (%s); handing over unsealed", self.name, last_error)
         with contextlib.suppress(Exception):
-            await self.storage.close()
-        return None
+            await self.storage.close(release_reservation=False)
+        raise SealError(f"{self.name}: not sealed ({last_error})")

@@ -27,6 +27,7 @@ from ballast.storage.objects import (
 from ballast.storage.reader import Tier, TieredRecord, read_tiered
 from ballast.storage.reservation import ReservationError, TopicClaim
 from ballast.storage.seal import Gap, SealedState, StartDecision, StartSource, choose_start
+from ballast.storage.shared import ObjectStoreMismatchError, verify_shared_object_store
 from ballast.storage.stats import StorageStats
 from ballast.storage.topic import (
     InitialPosition,
@@ -63,6 +64,7 @@ __all__ = [
     "ObjectNotFoundError",
     "ObjectStore",
     "ObjectStoreError",
+    "ObjectStoreMismatchError",
     "OffsetUnavailableError",
     "OpenResult",
     "Record",
@@ -95,4 +97,5 @@ __all__ = [
     "load_catalog",
     "read_object",
     "read_tiered",
+    "verify_shared_object_store",
 ]

@@ -41,7 +41,7 @@ from typing import Self, TypeVar
 from ballast.aio import LoopTasks, tick
 from ballast.clock import Clock
 from ballast.metadata import keys
-from ballast.metadata.store import Delete, MetadataError, MetadataStore, Put
+from ballast.metadata.store import Delete, MetadataError, MetadataStore, Put, TxnOp
 from ballast.model import TopicName
 from ballast.storage.catalog import (
     ObjectCatalog,
@@ -389,7 +389,7 @@ class Uploader:
         name = object_name(self.topic, start, end)
         await self._retrying(f"writing merged object {name}", lambda: self._objects.put(name, data))
         merged = ObjectDescriptor(start, end, name, len(data), self._clock.now())
-        ops = [
+        ops: list[TxnOp] = [
             Put(keys.storage_object(self.topic, start), merged.to_dict()),
             *(Delete(keys.storage_object(self.topic, d.start)) for d in group[1:]),
         ]
