@@ -15,7 +15,11 @@ once every outcome is back it decides again. A round is, in this order:
    reassigned directly (`plan_failover`, levelled), several per transaction;
 3. release: a marker waiting for a seal from a source that is gone becomes ready;
 4. seal timeout: a marker whose (living) source has not sealed within
-   `seal_timeout_seconds` is made ready and recorded as forced, with the reason;
+   `seal_timeout_seconds` — counted on this leader's clock from when it first saw the
+   marker waiting — is made ready and recorded as forced, with the reason. That is safe:
+   a source acknowledges a send only once it is committed under its claim on the topic,
+   and the new owner's claim makes every later commit of the source fail (a live source
+   answers well within the timeout: sealed, or handed over with ``unsealed``);
 5. drain: a draining broker's topics get ``unload`` markers (`plan_drain`); once it owns
    nothing and nothing waits for its seal, it is ``drained``;
 6. ownership records: an assignment without its record gets one; a record without its
@@ -171,6 +175,10 @@ class LeaderMachine:
         self._opaque_topics: set[str] = set()  # metadata present but undecodable
         self._topics_revision = 0  # how far the ``/topics/`` stream has been seen
         self._meta_wait: dict[str, float] = {}  # topic -> since when its marker waits
+        # topic -> (marker revision, when this leader first saw it waiting for a seal): the
+        # seal timeout runs on this leader's own clock, never on a timestamp another
+        # leader (or broker) wrote with its clock.
+        self._seal_wait: dict[str, tuple[int, float]] = {}
         self._ownership_check: set[str] = set()  # topics whose records changed
         self._smoothed: dict[BrokerId, LoadReport] = {}
         # Estimated reports after our own moves (the core's `apply_move`), kept until a
@@ -294,11 +302,20 @@ class LeaderMachine:
         out.history.append(HistoryRecord(report, self.view.state(broker).mode))
         self._retire_estimate(broker, now)
 
+    def _waiting_since(self, topic: str, revision: int, now: float) -> float:
+        """When this leader first saw the marker of `topic` (at `revision`) waiting."""
+        seen = self._seal_wait.get(topic)
+        if seen is None or seen[0] != revision:
+            self._seal_wait[topic] = (revision, now)
+            return now
+        return seen[1]
+
     def _on_tick(self, now: float) -> None:
         timeout = self.rebalancing.seal_timeout_seconds
-        for pending in self.view.markers.values():
-            marker = pending.marker
-            if not marker.ready and now - marker.timestamp >= timeout:
+        for topic, pending in self.view.markers.items():
+            if pending.marker.ready:
+                continue
+            if now - self._waiting_since(topic, pending.revision, now) >= timeout:
                 self._dirty = True
                 return
         if self._meta_wait and any(
@@ -555,6 +572,8 @@ class LeaderMachine:
         """Markers waiting for a seal: released when the source is gone, forced when it has
         not sealed within `seal_timeout_seconds`."""
         timeout = self.rebalancing.seal_timeout_seconds
+        for gone in self._seal_wait.keys() - self.view.markers.keys():
+            del self._seal_wait[gone]
         for topic, pending in sorted(self.view.markers.items()):
             marker = pending.marker
             if marker.ready:
@@ -573,7 +592,7 @@ class LeaderMachine:
                     "release",
                     (topic, source),
                 )
-            elif now - marker.timestamp >= timeout:
+            elif now - self._waiting_since(topic, pending.revision, now) >= timeout:
                 why = (
                     f"[seal-timeout] {source} did not seal {topic} within {timeout:.0f}s "
                     f"({marker.reason.value} to {marker.to_broker or 'any broker'})"
