@@ -23,6 +23,7 @@ async def wipe(store: MetadataStore) -> None:
     """Remove every key the control plane uses."""
     for prefix in (keys.CLUSTER_PREFIX, keys.TOPICS_PREFIX):
         await store.delete_prefix(prefix)
+    await store.delete(keys.OBJECT_STORE)  # each test has its own object store
 
 
 @pytest.fixture(params=["memory", "etcd"])
