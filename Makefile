@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all demo test lint format unit bench clean
+.PHONY: all demo test lint format unit bench faults clean
 
 all: test
 
@@ -31,6 +31,11 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 test: lint unit
+
+# Every fault-injection case RUNS times (default 10); JSON on stdout, progress on stderr.
+RUNS ?= 10
+faults: $(STAMP)
+	$(BIN)/python -m tests.faults.run --runs $(RUNS)
 
 bench: $(STAMP)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

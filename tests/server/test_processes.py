@@ -38,10 +38,11 @@ class Brokers:
             "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]),
         }
 
-    async def start(self, broker_id: str) -> str:
+    async def start(self, broker_id: str, config: Path | None = None) -> str:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "ballast.cluster.run", "--etcd", self.etcd_url,
-            "--config", str(self.config), "--id", broker_id, "--broker-url", "127.0.0.1:0",
+            "--config", str(config or self.config), "--id", broker_id,
+            "--broker-url", "127.0.0.1:0",
             "--log-level", "WARNING",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=self.env,
         )  # fmt: skip
@@ -77,7 +78,12 @@ class Brokers:
                 await proc.wait()
 
 
-def write_config(path: Path, data_dir: Path, **load_manager: Any) -> Path:
+def write_config(
+    path: Path, data_dir: Path, *, object_store: Path | None = None, **load_manager: Any
+) -> Path:
+    storage: dict[str, Any] = {"data_dir": str(data_dir), "upload_interval_seconds": 1.0}
+    if object_store is not None:
+        storage["object_store"] = str(object_store)
     path.write_text(
         yaml.safe_dump(
             {
@@ -89,7 +95,7 @@ def write_config(path: Path, data_dir: Path, **load_manager: Any) -> Path:
                 "broker": {"registration_ttl_seconds": 10, "leader_ttl_seconds": 10},
                 "history": {"enabled": False},
                 "metrics": {"enabled": False},
-                "storage": {"data_dir": str(data_dir), "upload_interval_seconds": 1.0},
+                "storage": storage,
             }
         )
     )
@@ -133,11 +139,17 @@ async def _consumer(client: Any, topic: str) -> tuple[Any, asyncio.Queue[Any]]:
 async def test_unload_anchor_across_two_broker_processes(
     etcd_store: EtcdStore, etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
-    config = write_config(tmp_path / "broker.yaml", tmp_path / "data")
-    brokers = Brokers(etcd_server.client_url, config, etcd_store)
+    # Each broker has its own data directory (as on its own host); they share only the
+    # object store.
+    shared = tmp_path / "shared-objects"
+    configs = {
+        b: write_config(tmp_path / f"{b}.yaml", tmp_path / b, object_store=shared)
+        for b in ("a1", "a2")
+    }
+    brokers = Brokers(etcd_server.client_url, configs["a1"], etcd_store)
     try:
         url1 = await brokers.start("a1")
-        await brokers.start("a2")
+        await brokers.start("a2", configs["a2"])
         client = await new_client(url1)
         topic = "/default/anchor"
         producer = await _producer(client, topic)
@@ -258,3 +270,52 @@ async def test_rebalancing_move_while_producing_and_consuming(
         await producer.close()
     finally:
         await brokers.close()
+
+
+async def test_brokers_that_cannot_read_each_others_objects_are_refused(
+    etcd_store: EtcdStore, etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    """Two hosts with the default configuration: each would keep its objects in its own
+    ``./ballast-data/objects``. The second broker refuses to start and says why."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]),
+    }
+    procs: list[asyncio.subprocess.Process] = []
+
+    async def broker(host: str) -> asyncio.subprocess.Process:
+        (tmp_path / host).mkdir()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "ballast.cli.main", "broker", "--etcd", etcd_server.client_url,
+            "--id", host, "--broker-url", "127.0.0.1:0", "--metrics-port", "0",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+            cwd=tmp_path / host,
+        )  # fmt: skip
+        procs.append(proc)
+        return proc
+
+    try:
+        await broker("h1")
+
+        async def registered() -> bool:
+            return await etcd_store.get(keys.register("h1")) is not None
+
+        await wait_until(registered, 30, "h1 to register")
+        second = await broker("h2")
+        _, err = await asyncio.wait_for(second.communicate(), 60)
+        assert second.returncode == 2
+        message = "".join(err.decode().split())  # rich wraps long lines anywhere
+
+        def said(text: str) -> bool:
+            return "".join(text.split()) in message
+
+        mine, theirs = tmp_path / "h2/ballast-data/objects", tmp_path / "h1/ballast-data/objects"
+        assert said(f"broker h2: its object store {mine.resolve()} on host")
+        assert said(f"is not the cluster's object store {theirs.resolve()} on host")
+        assert said("(first used by broker h1)") and said("set storage.object_store")
+        assert await etcd_store.get(keys.register("h2")) is None
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.terminate()
+                await proc.wait()

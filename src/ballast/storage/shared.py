@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import uuid
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ballast.clock import Clock
@@ -48,14 +50,14 @@ async def verify_shared_object_store(
         probe = f"{PROBE_PREFIX}{token}"
         await _retrying(lambda: objects.put(probe, token.encode()), objects, "write a probe to")
         value: dict[str, Any] = {
-            "url": objects.url,
+            "url": location(objects.url),
             "probe": probe,
             "token": token,
             "broker_id": broker_id,
             "timestamp": clock.now(),
         }
         if await metadata.create_if_absent(keys.OBJECT_STORE, value):
-            log.info("%s: the cluster's object store is %s", broker_id, objects.url)
+            log.info("%s: the cluster's object store is %s", broker_id, value["url"])
             return
         recorded = await metadata.get(keys.OBJECT_STORE)  # another broker was first
         if recorded is None:
@@ -74,7 +76,16 @@ async def verify_shared_object_store(
     except ObjectNotFoundError:
         found = None
     if found != record["token"].encode():
-        raise ObjectStoreMismatchError(_mismatch(broker_id, objects.url, record))
+        raise ObjectStoreMismatchError(_mismatch(broker_id, location(objects.url), record))
+
+
+def location(url: str) -> str:
+    """`url` as another host's operator can tell it apart: a local path made absolute and
+    named with its host (two hosts' ``./ballast-data/objects`` are different stores)."""
+    if "://" in url and not url.startswith("file://"):
+        return url
+    path = Path(url.removeprefix("file://")).resolve()
+    return f"{path} on host {socket.gethostname()}"
 
 
 def _mismatch(broker_id: str, url: str, value: Mapping[str, Any]) -> str:
@@ -83,8 +94,8 @@ def _mismatch(broker_id: str, url: str, value: Mapping[str, Any]) -> str:
         f"{value['url']} (first used by broker {value.get('broker_id', '?')}): the probe "
         f"object {value['probe']} is not there. Reliable topics move between brokers, so "
         "every broker must use the same object store: set storage.object_store in this "
-        f"broker's configuration to the shared store (e.g. {value['url']} if every host "
-        "mounts it, or an s3:// URL); the default, {data_dir}/objects, is local to one "
+        "broker's configuration to the shared store (a directory every host mounts, or an "
+        "s3:// URL); the default, {data_dir}/objects, is local to one "
         f"machine. If the cluster's store really moved, delete {keys.OBJECT_STORE} first."
     )
 
