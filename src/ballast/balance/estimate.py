@@ -64,7 +64,7 @@ def idle_baseline(snapshot: ClusterSnapshot) -> Resources:
     readings = np.array([_readings(snapshot.reports[b]) for b in reporting])
     loads = np.array([broker_topic_load(snapshot, b) for b in reporting])
     least = readings.min(axis=0)
-    empty = np.array([not snapshot.topic_loads(b) for b in reporting])
+    empty = np.array([not snapshot.assignments.get(b) for b in reporting])
     if empty.any():
         base = readings[empty].min(axis=0)
     elif np.ptp(loads) > 0:

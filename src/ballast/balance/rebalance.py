@@ -27,6 +27,7 @@ from ballast.model import BrokerId, ClusterSnapshot, Move
 LINEAR = (Strategy.FAIR, Strategy.BALANCED)
 MAX_TRIES_PER_SOURCE = 32  # exact evaluations per source broker (non-linear strategy)
 MAX_FALLBACK_PAIRS = 64  # (source, target) pairs tried when no source has a useful move
+FALLBACK_TRIES = 4  # exact evaluations per fallback pair (non-linear strategy)
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,8 @@ def find_move(
     When no source has such a move (Ballast, issue 23), the moves that narrow the spread
     of the scores (max - min) are tried: the least loaded broker takes from any broker
     above it, most loaded first, and the most loaded gives to any broker below it, least
-    loaded first (at most `MAX_FALLBACK_PAIRS` pairs). The same rules hold: no overshoot,
+    loaded first (at most `MAX_FALLBACK_PAIRS` pairs, `FALLBACK_TRIES` topics each for a
+    non-linear strategy). The same rules hold: no overshoot,
     no return within the window, a strictly lower sum of squared deviations.
     """
     scores = active_scores(snapshot, strategy)
@@ -144,7 +146,7 @@ def find_move(
     fallback += [(highest, t) for t in ascending[1:-1]]
     fallback = [(s, t) for s, t in fallback if (s, t) not in tried and scores[s] > scores[t]]
     for source, target in fallback[:MAX_FALLBACK_PAIRS]:
-        found = pair.attempt(source, target)
+        found = pair.attempt(source, target, FALLBACK_TRIES)
         if found.move is not None:
             return Search(found.move, found.after, f"{found.reason} [spread]")
     return Search(None, None, "; ".join(notes))
@@ -179,8 +181,11 @@ class _PairSearch:
             )
         return self.candidates[source]
 
-    def attempt(self, source: BrokerId, target: BrokerId) -> Search:
-        """The move, or no move and a note saying why."""
+    def attempt(
+        self, source: BrokerId, target: BrokerId, max_tries: int = MAX_TRIES_PER_SOURCE
+    ) -> Search:
+        """The move, or no move and a note saying why (at most `max_tries` exact
+        evaluations; one for a linear strategy taking the lightest topic)."""
         snapshot, scores, strategy = self.snapshot, self.scores, self.strategy
         cands = self._movable(source)
         topics = [(t, w) for t, w in cands.topics if t not in self.exclude_topics]
@@ -199,7 +204,7 @@ class _PairSearch:
         if self.prefer == "largest_gain":
             order = [i for i in order if 0 < est[i] < gap] or order
             order.sort(key=lambda i: (abs(est[i] - gap / 2), topics[i][0]))
-        tries = 1 if strategy in LINEAR and self.prefer == "lightest" else MAX_TRIES_PER_SOURCE
+        tries = 1 if strategy in LINEAR and self.prefer == "lightest" else max_tries
         for i in order[:tries]:
             topic = topics[i][0]
             after = apply_move(snapshot, topic, source, target)
