@@ -151,3 +151,55 @@ def test_help_names_every_option() -> None:
         "--out", "--rollback", "--engine", "--master", "--json",
     ):  # fmt: skip
         assert option in result.stdout, option
+
+
+def test_parse_execute_assignment_args_an_empty_plan_writes_nothing(tmp_path: Path) -> None:
+    # ReassignPartitionsUnitTest#testParseExecuteAssignmentArgs: `--execute` rejects
+    # {"version":1,"partitions":[]} ("Partition reassignment list cannot be empty"), so a
+    # plan that changes nothing says so, writes no file and exits with status 3.
+    brokers = _write(
+        tmp_path / "brokers.json", {"brokers": [{"id": i, "rack": f"r{i}"} for i in range(3)]}
+    )
+    partitions = [
+        {"topic": "orders", "partition": p, "replicas": [p % 3, (p + 1) % 3, (p + 2) % 3]}
+        for p in range(3)
+    ]
+    current = _write(tmp_path / "current.json", {"version": 1, "partitions": partitions})
+    out, back = tmp_path / "out.json", tmp_path / "rollback.json"
+    args = ["--current", str(current), "--brokers", str(brokers), "--out", str(out)]
+    code, stdout, err = run(*args, "--rollback", str(back))
+    assert code == 3, stdout + err
+    assert "nothing to move" in " ".join(err.split())
+    assert "replica moves" in stdout  # the summary is still printed
+    assert not out.exists() and not back.exists()
+    code, stdout, _ = run(*args, "--json")
+    assert code == 3
+    summary = json.loads(stdout)
+    assert summary["nothing_to_move"] is True and summary["written"] == {}
+    assert summary["replica_moves"] == 0 and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--add", "1,1,2"], "--add '1,1,2': broker list contains duplicate entries: 1"),
+        (
+            ["--remove", "5,2,3,4,5,2"],
+            "--remove '5,2,3,4,5,2': broker list contains duplicate entries: 2,5",
+        ),
+        (["--remove", "42,5,99"], "--remove 42,99: not a known broker"),
+        (["--add", "6,7", "--remove", "7,5"], "broker(s) 7 both in --add and in --remove"),
+    ],
+)
+def test_parse_generate_assignment_args_duplicate_and_unknown_brokers(
+    cluster: dict[str, Path], extra: list[str], message: str
+) -> None:
+    # ReassignPartitionsUnitTest#testParseGenerateAssignmentArgs: "1,1,2" and "5,2,3,4,5"
+    # are refused ("Broker list contains duplicate entries"); Ballast names the ids.
+    code, out, err = run(
+        "--current", str(cluster["current"]), "--brokers", str(cluster["brokers"]),
+        "--out", str(cluster["out"]), *extra,
+    )  # fmt: skip
+    assert code == 2, out
+    assert message in " ".join(err.split()), err
+    assert not cluster["out"].exists()

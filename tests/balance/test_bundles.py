@@ -132,8 +132,9 @@ def test_specified_positions_outside_the_bundle_are_an_error_naming_the_value() 
         split_positions(ns, second, "specified_positions_divide", positions=[0x10000000])
     with pytest.raises(BundleError, match="needs --positions"):
         split_positions(ns, second, "specified_positions_divide")
+    topics = [TopicTraffic(t) for t in in_bundle(ns, second, 2)]
     after, result = split_bundle(
-        ns, second, "specified_positions_divide", positions=[0x60000000, 0x50000000]
+        ns, second, "specified_positions_divide", topics, positions=[0x60000000, 0x50000000]
     )
     assert result.positions == (0x50000000, 0x60000000)
     assert len(after) == 6
@@ -264,12 +265,44 @@ def test_pulsar_topic_count_split_of_a_b_c() -> None:
     assert topic_count_equally_divide(whole, ["a"]) == ()
 
 
+def in_bundle(ns: NamespaceBundles, bundle: BundleRange, n: int) -> list[str]:
+    """The first `n` topics `/ns/t<i>` that hash into `bundle`."""
+    names = (f"/{ns.namespace}/t{i}" for i in itertools.count())
+    return list(itertools.islice((t for t in names if bundle.contains(topic_hash(t))), n))
+
+
 def test_pulsar_specified_positions_inside_the_bundle() -> None:
+    # SpecifiedPositionsBundleSplitAlgorithmTest#testAlgorithmReturnCorrectResult (2 topics)
     bundle = BundleRange(1, 1000)
-    assert specified_positions_divide(bundle, [100, 200, 500, 800]) == (100, 200, 500, 800)
+    assert specified_positions_divide(bundle, [100, 200, 500, 800], 2) == (100, 200, 500, 800)
     # Pulsar ignores -1, 0, 1, 1000 and 1100; Ballast names the first bad one
     with pytest.raises(BundleError, match="split position -1 is outside bundle"):
-        specified_positions_divide(bundle, [-1, 0, 1, 100, 200, 500, 800, 1000, 1100])
+        specified_positions_divide(bundle, [-1, 0, 1, 100, 200, 500, 800, 1000, 1100], 2)
+
+
+def test_pulsar_specified_positions_total_topics_size_less_than_1() -> None:
+    # SpecifiedPositionsBundleSplitAlgorithmTest#testTotalTopicsSizeLessThan1: a bundle
+    # owning one topic is not split, whatever the positions.
+    assert specified_positions_divide(BundleRange(1, 1000), [100, 200], 1) == ()
+    ns = NamespaceBundles.create("default", 4)
+    second = ns.ranges[1]
+    one = [TopicTraffic(t) for t in in_bundle(ns, second, 1)]
+    other = [TopicTraffic(t) for t in in_bundle(ns, ns.ranges[0], 3)]  # not in the bundle
+    after, result = split_bundle(
+        ns, second, "specified_positions_divide", one + other, positions=[0x50000000]
+    )
+    assert result.positions == () and after == ns
+    assert "1 topic(s): a bundle with at most one topic is not split" in result.reason
+
+
+def test_pulsar_find_bundle_of_a_topic_of_another_namespace_is_an_error() -> None:
+    # NamespaceBundles.findBundle: checkArgument(nsname.equals(topicName.getNamespaceObject()))
+    ns = NamespaceBundles.create("default", 4)
+    with pytest.raises(BundleError, match="'/other/t1' belongs to namespace 'other'"):
+        ns.bundle_for_topic("/other/t1")
+    with pytest.raises(BundleError, match="belongs to namespace 'other'"):
+        ns.group_topics(["/default/t1", "/other/t1"])
+    assert ns.bundle_for_topic("/default/t1") in ns.ranges
 
 
 def test_pulsar_flow_or_qps_every_part_stays_below_the_maximum() -> None:

@@ -88,6 +88,38 @@ def test_all_overloaded_falls_back_to_the_least_used() -> None:
     assert "none is 10% below the average 50.0%" in choice.reason
 
 
+def test_no_load_data_brokers() -> None:
+    # LeastResourceUsageWithWeightTest#testNoLoadDataBrokers: broker1 at 50 %, broker2 at
+    # 100 %, broker5 without load data. The average is 75 % over the two with data, and
+    # broker5 is not "0 % used": broker1 wins (50 + 10 ≤ 75).
+    choice = least_resource_usage_with_weight(
+        ["broker1", "broker2", "broker5"], {"broker1": 0.5, "broker2": 1.0}, DEFAULT
+    )
+    assert choice.broker == "broker1"
+    assert "average 75.0%" in choice.reason
+    assert choice.rejected["broker5"].startswith("[no-load-data]")
+    assert "broker5" not in choice.usage
+    # both at 100 %: nobody is far enough below the average; Pulsar picks any candidate at
+    # random, Ballast the least used one with load data (not the broker it knows nothing of)
+    even = least_resource_usage_with_weight(
+        ["broker1", "broker2", "broker5"], {"broker1": 1.0, "broker2": 1.0}, DEFAULT
+    )
+    assert even.broker == "broker1"
+    # nobody has load data: the one owning the fewest units
+    none = least_resource_usage_with_weight(
+        ["broker1", "broker2", "broker5"], {}, DEFAULT, units={"broker1": 3, "broker5": 1}
+    )
+    assert none.broker == "broker2"
+
+
+def test_select_broker_lruw_leaves_a_broker_without_a_report_out() -> None:
+    snap = reported({"a": (50.0, 0.0, 1.0), "b": (100.0, 0.0, 1.0)})
+    snap = ClusterSnapshot(("a", "b", "new"), snap.reports, {}, snap.assignments)
+    p = select_broker(snap, Strategy.LEAST_RESOURCE_USAGE_WITH_WEIGHT, topic="/default/x")
+    assert p.broker == "a"  # before issue 23, "new" won as 0 % used
+    assert p.rejected["new"].startswith("[no-load-data]")
+
+
 def reported(spec: dict[str, tuple[float, float, float]]) -> ClusterSnapshot:
     """{broker: (cpu %, network bytes/s, msg rate)}; one topic per broker."""
     reports, assignments = {}, {}
@@ -225,6 +257,40 @@ def test_topics_of_one_bundle_share_a_broker() -> None:
     marker = UnassignedMarker(MarkerReason.FAILOVER, from_broker=owner)
     moved = select_broker(snap, Strategy.FAIR, marker, topic=t)
     assert moved.broker != owner
+
+
+def test_remove_most_servicing_brokers_for_namespace() -> None:
+    # LoadManagerShared.removeMostServicingBrokersForNamespace: a namespace's new bundle goes
+    # only to the brokers serving the fewest of its bundles. a already serves one bundle of
+    # `orders` and is the least loaded (Fair: 1 topic against 3); b and c serve none.
+    layout = NamespaceBundles.create("orders", 4)
+    first, second = (f"/orders/{n}" for n in ("t0", "t1"))
+    assert layout.bundle_for_topic(first) != layout.bundle_for_topic(second)
+    snap = ClusterSnapshot(
+        ("a", "b", "c"),
+        assignments={
+            "a": (first,),
+            "b": ("/default/b1", "/default/b2", "/default/b3"),
+            "c": ("/default/c1", "/default/c2", "/default/c3"),
+        },
+        bundle_boundaries={"orders": layout.boundaries},
+    )
+    p = select_broker(snap, Strategy.FAIR, topic=second)
+    assert p.broker == "b"
+    assert p.rejected["a"] == "[namespace-spread] serves 1 bundle(s) of orders; 2 broker(s) serve 0"
+    # the same for Pulsar's strategies
+    lltmr = select_broker(snap, Strategy.LEAST_LONG_TERM_MESSAGE_RATE, topic=second)
+    assert lltmr.broker in ("b", "c")
+    # a topic of a bundle `a` owns still joins it
+    same = next(
+        t
+        for t in (f"/orders/x{i}" for i in range(100))
+        if layout.bundle_for_topic(t) == layout.bundle_for_topic(first)
+    )
+    assert select_broker(snap, Strategy.FAIR, topic=same).broker == "a"
+    # placed by topic (no stored layout), the namespace is not spread: Fair picks a
+    by_topic = ClusterSnapshot(snap.brokers, assignments=snap.assignments)
+    assert select_broker(by_topic, Strategy.FAIR, topic=second).broker == "a"
 
 
 @settings(max_examples=80, deadline=None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
 from collections import Counter
 from collections.abc import Sequence
 
@@ -29,9 +30,11 @@ from ballast.balance.replicas import (
     ReplicaPlan,
     check_feasible,
     group_topics,
+    kafka_assignment,
     make_layout,
     plan_replicas,
     plan_targets,
+    round_robin_moves,
     topic_counts,
 )
 
@@ -418,3 +421,95 @@ def test_reassignment_and_rollback_documents_keep_log_dirs() -> None:
     assert len(parse_assignment(dumps(reassignment_document(plan.changes, dirs)))) == len(
         plan.changes
     )
+
+
+# --- the --generate baseline: Kafka's AdminUtils.assignReplicasToBrokers ------------------
+
+
+def kafka_rack_layout(racks: dict[int, str]) -> BrokerLayout:
+    return make_layout([KafkaBroker(b, r) for b, r in racks.items()], max_rf=3)
+
+
+def generated(layout: BrokerLayout, partitions: int, rf: int, start: int) -> list[list[int]]:
+    """`assignReplicasToBrokers(…, fixedStartIndex=start)` as broker ids."""
+    order = layout.round_robin_order
+    racks = layout.rack_group[order] if layout.rack_aware else None
+    rows = kafka_assignment(order, racks, partitions, rf, start, start)
+    return [[layout.ids[i] for i in row] for row in rows.tolist()]
+
+
+def test_get_rack_alternated_broker_list_and_assign_replicas_to_brokers() -> None:
+    # AdminRackAwareTest#testGetRackAlternatedBrokerListAndAssignReplicasToBrokers
+    layout = kafka_rack_layout(
+        {0: "rack1", 1: "rack3", 2: "rack3", 3: "rack2", 4: "rack2", 5: "rack1"}
+    )
+    assert [layout.ids[i] for i in layout.round_robin_order] == [0, 3, 1, 5, 4, 2]
+    assert generated(layout, 7, 3, 0) == [
+        [0, 3, 1], [3, 1, 5], [1, 5, 4], [5, 4, 2], [4, 2, 0], [2, 0, 3], [0, 4, 2],
+    ]  # fmt: skip
+
+
+def test_replica_assignment_without_racks() -> None:
+    # AdminTest#testReplicaAssignment (rack-unaware, fixed start index 0)
+    layout = make_layout([KafkaBroker(b) for b in range(5)], rack_aware=False, max_rf=3)
+    assert generated(layout, 10, 3, 0) == [
+        [0, 1, 2], [1, 2, 3], [2, 3, 4], [3, 4, 0], [4, 0, 1],
+        [0, 2, 3], [1, 3, 4], [2, 4, 0], [3, 0, 1], [4, 1, 2],
+    ]  # fmt: skip
+
+
+def test_assignment_with_rack_aware() -> None:
+    # AdminRackAwareTest#testAssignmentWithRackAware: 6 brokers in 3 uneven racks, 6
+    # partitions at RF 3 from index 2: every partition in 3 racks, every broker 3 replicas
+    # and 1 leader (ensureRackAwareAndEvenDistribution).
+    racks = {0: "rack1", 1: "rack2", 2: "rack2", 3: "rack3", 4: "rack3", 5: "rack1"}
+    rows = generated(kafka_rack_layout(racks), 6, 3, 2)
+    assert all(len({racks[b] for b in row}) == 3 for row in rows)
+    assert Counter(b for row in rows for b in row) == {b: 3 for b in racks}
+    assert Counter(row[0] for row in rows) == {b: 1 for b in racks}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    racks=st.lists(st.sampled_from("abcd"), min_size=2, max_size=9),
+    partitions=st.integers(1, 40),
+    rf=st.integers(1, 4),
+    start=st.integers(0, 20),
+    shift=st.integers(0, 20),
+)
+def test_rack_aware_baseline_never_puts_two_replicas_in_one_rack(
+    racks: list[str], partitions: int, rf: int, start: int, shift: int
+) -> None:
+    """Kafka's rack-aware assignment: distinct brokers, and distinct racks while there are
+    racks enough (beyond them, every rack before any repeats)."""
+    layout = make_layout([KafkaBroker(b, r) for b, r in enumerate(racks)], max_rf=4)
+    rf = min(rf, len(racks))
+    order = layout.round_robin_order
+    rows = kafka_assignment(
+        order, layout.rack_group[order], partitions, rf, start % len(racks), shift
+    ).tolist()
+    n_racks = len(set(racks))
+    for row in rows:
+        assert len(set(row)) == rf
+        assert len({racks[layout.ids[i]] for i in row}) == min(rf, n_racks), row
+
+
+def test_round_robin_baseline_is_kafkas_rack_aware_assignment() -> None:
+    # The figure `plan kafka` reports is measured against what --generate proposes: a
+    # topic already laid out exactly so needs no move against it, and no baseline row
+    # puts two replicas in one rack (the rack-unaware round robin over the same list did:
+    # with shift 1, partition 0 got brokers 0, 1 and 5, two of them in rack1).
+    racks = {0: "rack1", 1: "rack2", 2: "rack2", 3: "rack3", 4: "rack3", 5: "rack1"}
+    layout = kafka_rack_layout(racks)
+    order = layout.round_robin_order
+    name, n = "orders", len(order)
+    start = zlib.crc32(f"0/{name}/start".encode()) % n
+    shift = zlib.crc32(f"0/{name}/shift".encode()) % n
+    rows = kafka_assignment(order, layout.rack_group[order], 12, 3, start, shift)
+    assignment = [
+        PartitionAssignment(name, p, tuple(layout.ids[i] for i in row))
+        for p, row in enumerate(rows.tolist())
+    ]
+    (topic,) = group_topics(assignment, layout)
+    assert round_robin_moves(topic, layout, seed=0) == 0
+    assert all(len({racks[b] for b in a.replicas}) == 3 for a in assignment)

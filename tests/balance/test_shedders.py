@@ -9,6 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ballast.balance import pulsar_strategies, shedders
 from ballast.balance.shedders import (
     SheddingInput,
     max_usage_with_weight,
@@ -166,11 +167,38 @@ def test_threshold_smooths_usage_with_the_previous_value() -> None:
     assert again.usage["a"] == 0.9 * 0.5 + 0.1 * 0.1
 
 
-def test_weighted_usage_skips_signals_above_100_percent() -> None:
+def test_weighted_usage_is_not_clamped_at_100_percent() -> None:
+    # apache/pulsar#18598 (reverting #16937 by #18645): getMaxResourceUsageWithWeight takes the
+    # weighted signals as they are, above 100 % too.
     res = np.array([[50.0, 20.0, 0.0, 150.0, 10.0]])
-    assert max_usage_with_weight(res, DEFAULT).tolist() == [0.5]
+    assert max_usage_with_weight(res, DEFAULT).tolist() == [1.5]
     half_cpu = PulsarConfig(cpu_resource_weight=0.5)
     assert max_usage_with_weight(np.array([[80.0, 20.0, 0, 0, 0]]), half_cpu).tolist() == [0.4]
+
+
+def test_threshold_broker_threshold_sheds_a_broker_above_100_percent() -> None:
+    # ThresholdShedderTest#testBrokerThreshold, the test apache/pulsar#18598 restored: a
+    # broker whose weighted usage exceeds 100 % counts with it. a at 140 % against b at 50 %:
+    # average 95 %, trigger 105 %; a offloads 140 - 95 - 10 + 5 = 40 % of its 60 MB/s.
+    # (With the clamp, a counted at 20 % - its bandwidth - and nothing was shed.)
+    inp = make_input(
+        {"a": {"cpu": 140.0, "bw_in": 20.0, "thr": 60 * MB}, "b": {"cpu": 50.0, "thr": 10 * MB}},
+        [("a1", "a", 0.0, 30 * MB), ("a2", "a", 0.0, 20 * MB), ("a3", "a", 0.0, 10 * MB)],
+    )
+    result = threshold_shedder(inp, DEFAULT)
+    assert result.usage == {"a": 1.4, "b": 0.5}
+    assert chosen(result) == ["a1"]  # 30 MB/s ≥ 40 % of 60 MB/s = 24 MB/s
+    assert "usage 140.0% ≥ 105.0%; offload 40.0%" in result.verdicts[0].detail
+
+
+def test_the_weighted_max_is_one_function_for_shedders_strategies_and_spark() -> None:
+    # One definition (`resource_usage_score`, percent; `max_usage_with_weight` is it / 100):
+    # the two helpers used to disagree above 100 %.
+    assert pulsar_strategies.resource_usage_score is shedders.resource_usage_score
+    cfg = PulsarConfig(memory_resource_weight=0.5)
+    res = np.array([[70.0, 180.0, 0.0, 120.0, 30.0], [10.0, 5.0, 0.0, 0.0, 0.0]])
+    direct = np.asarray(shedders.resource_usage_score(*res.T, cfg)) / 100
+    assert max_usage_with_weight(res, cfg).tolist() == direct.tolist() == [1.2, 0.1]
 
 
 # --- OverloadShedder --------------------------------------------------------------------
@@ -217,17 +245,33 @@ def test_uniform_multiple_bundles() -> None:
     brokers = {"broker-1": {"thr": 110 * MB}, "broker2": {}}
     units = [(f"bundle-{i}", "broker-1", 0.0, 2.0 * i * MB) for i in range(1, 11)]
     result = uniform_shedder(make_input(brokers, units), DEFAULT)
-    # throughput ratio 110 MB/s ÷ 1 (0 → 1) > 4: move 20 % of the gap (22 MB/s); bundle-10
-    # (20 MB/s) fits, bundle-1 (2 MB/s) is just over what is left.
-    assert chosen(result) == ["bundle-10"]
+    # throughput ratio 110 MB/s ÷ 1 (0 → 1) > 4: move 20 % of the gap (22 MB/s - 0.2 B/s);
+    # bundle-10 (20 MB/s) fits, and bundle-1 (2 MB/s) is 0.2 B/s over what is left, within
+    # Pulsar's 1000 bytes/s slack.
+    assert chosen(result) == ["bundle-10", "bundle-1"]
     assert "ratio" in result.summary
+
+
+def test_uniform_lets_a_bundle_through_within_the_need_plus_the_1000_slack() -> None:
+    # UniformLoadShedder: `bundleMsgRate <= msgRateRequiredFromUnloadedBundles + 1000 /* delta */`.
+    # a at 10 000 msg/s, b at 1 000: need 20 % of 9 000 = 1 800 msg/s. Heaviest first: 1 900
+    # fits 1 800 + 1 000 (need now -100), 900 fits -100 + 1 000, 200 does not (-1 000 + 1 000
+    # < 200). Without the slack only the 900 went: Ballast unloaded fewer bundles than Pulsar.
+    inp = make_input(
+        {"a": {"rate": 10_000.0}, "b": {"rate": 1_000.0}},
+        [("a1", "a", 1_900.0, 0.0), ("a2", "a", 900.0, 0.0), ("a3", "a", 200.0, 0.0)],
+    )
+    result = uniform_shedder(inp, DEFAULT)
+    assert chosen(result) == ["a1", "a2"]
+    assert "1 larger than what was still needed + 1000" in result.verdicts[0].detail
 
 
 def test_uniform_max_unload_bundle_num_per_shedding() -> None:
     brokers = {"broker-1": {"thr": 40 * MB}, "broker2": {}}
     units = [(f"bundle-{i}", "broker-1", 0.0, 2.0 * MB) for i in range(1, 21)]
     inp = make_input(brokers, units)
-    assert len(uniform_shedder(inp, DEFAULT).unloads) == 3
+    # 20 % of the 40 MB/s gap (less 0.2 B/s): the fourth 2 MB/s bundle fits with the slack.
+    assert len(uniform_shedder(inp, DEFAULT).unloads) == 4
     assert (
         len(uniform_shedder(inp, PulsarConfig(max_unload_bundle_num_per_shedding=2)).unloads) == 2
     )
@@ -285,7 +329,7 @@ def test_uniform_filters_out_idle_bundles() -> None:
         )
         result = uniform_shedder(inp, cfg)
         assert sorted(chosen(result)) == ["broker-1-bundle-1", "broker-1-bundle-2"]
-        assert "1 larger than what was still needed; 2 idle" in result.verdicts[0].detail
+        assert "1 larger than what was still needed + 1000; 2 idle" in result.verdicts[0].detail
 
 
 def test_uniform_minimum_unload_made_small_clusters_stuck() -> None:

@@ -159,6 +159,14 @@ class NamespaceBundles:
         return BundleRange(self.boundaries[i], self.boundaries[i + 1])
 
     def bundle_for_topic(self, topic: str) -> BundleRange:
+        """The bundle holding `topic`, which must belong to this namespace (Pulsar's
+        `NamespaceBundles.findBundle` rejects a topic of another namespace)."""
+        ns = TopicName.parse(topic).namespace
+        if ns != self.namespace:
+            raise BundleError(
+                f"topic {topic!r} belongs to namespace {ns!r}, not to {self.namespace!r}: "
+                "it has no bundle here"
+            )
         return self.bundle_for_hash(topic_hash(topic))
 
     def find(self, name: str) -> BundleRange:
@@ -267,8 +275,12 @@ def topic_count_equally_divide(bundle: BundleRange, topics: Sequence[str]) -> tu
     return (middle,) if bundle.is_inside(middle) else ()
 
 
-def specified_positions_divide(bundle: BundleRange, positions: Sequence[int]) -> tuple[int, ...]:
-    """The given positions; unlike Pulsar, one outside the bundle is an error, not ignored."""
+def specified_positions_divide(
+    bundle: BundleRange, positions: Sequence[int], topic_count: int
+) -> tuple[int, ...]:
+    """The given positions, unless the bundle holds at most one topic (`topic_count`): as
+    Pulsar's `SpecifiedPositionsBundleSplitAlgorithm`, nothing is split then. Unlike Pulsar,
+    a position outside the bundle is an error, not ignored."""
     if not positions:
         raise BundleError(f"bundle {bundle.name}: specified_positions_divide needs --positions")
     for p in positions:
@@ -277,6 +289,8 @@ def specified_positions_divide(bundle: BundleRange, positions: Sequence[int]) ->
                 f"split position {_hex(p)} is outside bundle {bundle.name} (must be strictly "
                 f"between 0x{bundle.lower:08x} and 0x{bundle.upper:08x})"
             )
+    if topic_count <= 1:
+        return ()
     return tuple(sorted(set(positions)))
 
 
@@ -339,8 +353,13 @@ def split_positions(
             else f"{len(topics)} topic(s): need two with distinct hashes"
         )
     elif algo is SplitAlgorithm.SPECIFIED_POSITIONS_DIVIDE:
-        cuts = specified_positions_divide(bundle, positions)
-        why = "positions given by the operator"
+        inside = sum(1 for t in topics if bundle.contains(topic_hash(t.topic)))
+        cuts = specified_positions_divide(bundle, positions, inside)
+        why = (
+            "positions given by the operator"
+            if cuts
+            else f"{inside} topic(s): a bundle with at most one topic is not split"
+        )
     else:
         cuts = flow_or_qps_equally_divide(
             bundle,

@@ -97,6 +97,46 @@ def bundle_owner(snapshot: ClusterSnapshot, topic: str) -> tuple[str, BrokerId |
     return layout.full_name(bundle), None
 
 
+def namespace_bundle_counts(
+    snapshot: ClusterSnapshot, namespace: str, brokers: Sequence[BrokerId], skip: str = ""
+) -> dict[BrokerId, int]:
+    """How many bundles of `namespace` each of `brokers` serves (None of its topics: 0),
+    not counting topic `skip`. Only for a namespace placed by bundle."""
+    layout = NamespaceBundles(namespace, tuple(snapshot.bundle_boundaries[namespace]))
+    prefix = f"/{namespace}/"
+    return {
+        b: len(
+            {
+                layout.bundle_for_topic(t)
+                for t in snapshot.assignments.get(b, ())
+                if t != skip and t.startswith(prefix)
+            }
+        )
+        for b in brokers
+    }
+
+
+def filter_namespace_spread(
+    snapshot: ClusterSnapshot, topic: str, allowed: Sequence[BrokerId]
+) -> tuple[list[BrokerId], dict[BrokerId, str]]:
+    """Pulsar's `removeMostServicingBrokersForNamespace`: of the brokers that may take a new
+    bundle, keep those serving the fewest bundles of its namespace, so a namespace's bundles
+    spread over the brokers. Only for a namespace placed by bundle; the rest say why not."""
+    ns = TopicName.parse(topic).namespace
+    if ns not in snapshot.bundle_boundaries or not allowed:
+        return list(allowed), {}
+    counts = namespace_bundle_counts(snapshot, ns, allowed, skip=topic)
+    least = min(counts.values())
+    kept = [b for b in allowed if counts[b] == least]
+    rejected = {
+        b: f"[namespace-spread] serves {counts[b]} bundle(s) of {ns}; {len(kept)} broker(s) "
+        f"serve {least}"
+        for b in allowed
+        if counts[b] > least
+    }
+    return kept, rejected
+
+
 def select_broker(
     snapshot: ClusterSnapshot,
     strategy: Strategy,
@@ -111,7 +151,9 @@ def select_broker(
     """Pick the broker for one topic.
 
     The `to_broker` hint wins when that broker passes the filters; then, for a namespace
-    placed by bundle, the broker already owning the topic's bundle; otherwise round-robin,
+    placed by bundle, the broker already owning the topic's bundle, and for a bundle nobody
+    (else) owns, only the brokers serving the fewest bundles of its namespace (Pulsar's
+    `removeMostServicingBrokersForNamespace`); otherwise round-robin,
     continuing after `last_chosen`, among brokers within `band` (10 %) of the minimum score
     (Pulsar's strategies choose by their own rule instead). `exclude`: see `filter_brokers`.
     """
@@ -135,6 +177,9 @@ def select_broker(
         name, owner = owned
         if owner in allowed:
             return Placement(owner, f"[bundle] {name} is owned by {owner}", (), rejected, scores)
+    if owned is not None and topic is not None:
+        allowed, spread = filter_namespace_spread(snapshot, topic, allowed)
+        rejected = {**rejected, **spread}
     if strategy in PULSAR_STRATEGIES:
         choice = select_pulsar(snapshot, strategy, allowed, pulsar)
         return Placement(

@@ -15,10 +15,22 @@ from typing import Any
 
 import numpy as np
 
-from ballast.balance.scoring import NUMPY_OPS, Ops
-from ballast.balance.shedders import max_usage, max_usage_with_weight
+from ballast.balance.shedders import max_usage, max_usage_with_weight, resource_usage_score
 from ballast.config import PulsarConfig, Strategy
 from ballast.model import BrokerId, ClusterSnapshot
+
+__all__ = [
+    "PULSAR_STRATEGIES",
+    "StrategyChoice",
+    "bandwidth_percent",
+    "broker_msg_rates",
+    "broker_resources",
+    "least_long_term_message_rate",
+    "least_resource_usage_with_weight",
+    "pulsar_scores",
+    "resource_usage_score",
+    "select_pulsar",
+]
 
 PULSAR_STRATEGIES = (
     Strategy.LEAST_LONG_TERM_MESSAGE_RATE,
@@ -30,27 +42,6 @@ def bandwidth_percent(network_io_bps: Any, nic_speed_gbps: float) -> Any:
     """One direction's bandwidth usage in percent: half the reported rate, in bits, over
     the NIC speed. Plain arithmetic (floats, NumPy, Spark columns)."""
     return network_io_bps * 0.5 * 8 / (nic_speed_gbps * 1e9) * 100
-
-
-def resource_usage_score(
-    cpu: Any,
-    memory: Any,
-    direct_memory: Any,
-    bw_in: Any,
-    bw_out: Any,
-    cfg: PulsarConfig,
-    ops: Ops = NUMPY_OPS,
-) -> Any:
-    """Pulsar's `getMaxResourceUsageWithWeight` in percent (the LRUW ranking score)."""
-    return ops.maximum(
-        ops.maximum(
-            ops.maximum(cpu * cfg.cpu_resource_weight, memory * cfg.memory_resource_weight),
-            direct_memory * cfg.direct_memory_resource_weight,
-        ),
-        ops.maximum(
-            bw_in * cfg.bandwith_in_resource_weight, bw_out * cfg.bandwith_out_resource_weight
-        ),
-    )
 
 
 def broker_resources(
@@ -152,43 +143,62 @@ def least_resource_usage_with_weight(
     """Brokers whose smoothed usage is at least `average_resource_usage_difference_threshold`
     below the candidates' average; the least used of them (Pulsar: random among them).
 
-    `sample` is each broker's max weighted usage (fraction); `previous` the smoothed values
-    of the last call (the returned `usage`); a broker in `idle` (owning nothing, e.g. just
-    restarted) starts again from its sample, as in Pulsar. With no broker far enough below
-    the average, the least used candidate is chosen (Pulsar: a random one). Ties: fewer
-    `units`, then the lowest id."""
+    `sample` is each broker's max weighted usage (fraction); a candidate missing from it has
+    no load data yet and, as in Pulsar, counts neither in the average nor among the best
+    (it is not "0 % used"). `previous` holds the smoothed values of the last call (the
+    returned `usage`); a broker in `idle` (owning nothing, e.g. just restarted) starts again
+    from its sample, as in Pulsar. With no broker far enough below the average, the least
+    used candidate with load data is chosen (Pulsar: a random candidate); only when none has
+    any, the one owning the fewest `units`. Ties: fewer `units`, then the lowest id."""
     units = units or {}
     if not candidates:
         return StrategyChoice(None, "[no-broker] no candidate broker")
     h = cfg.history_resource_percentage
     prev = dict(previous or {})
     usage = dict(prev)
-    for b in candidates:
-        s = sample.get(b, 0.0)
+    known = sorted(b for b in candidates if b in sample)
+    for b in known:
+        s = sample[b]
         usage[b] = h * prev[b] + (1 - h) * s if b in prev and b not in idle else s
-    avg = sum(usage[b] for b in candidates) / len(candidates)
-    diff = cfg.average_resource_usage_difference_threshold_percentage / 100
-    best = sorted(b for b in candidates if usage[b] + diff <= avg)
     rejected = {
-        b: f"[score] usage {100 * usage[b]:.1f}% is not {100 * diff:.0f}% below the average "
-        f"{100 * avg:.1f}%"
+        b: "[no-load-data] no load report yet: left out of the average and the best set"
         for b in sorted(candidates)
-        if b not in best
+        if b not in sample
     }
-    pool = best or sorted(candidates)
+    diff = cfg.average_resource_usage_difference_threshold_percentage / 100
+    if not known:
+        chosen = min(sorted(candidates), key=lambda b: (units.get(b, 0), b))
+        rejected.pop(chosen, None)
+        return StrategyChoice(
+            chosen,
+            f"[least_resource_usage_with_weight] {chosen}: no candidate has load data; "
+            "fewest units",
+            rejected,
+        )
+    avg = sum(usage[b] for b in known) / len(known)
+    best = [b for b in known if usage[b] + diff <= avg]
+    for b in known:
+        if b not in best:
+            rejected[b] = (
+                f"[score] usage {100 * usage[b]:.1f}% is not {100 * diff:.0f}% below the "
+                f"average {100 * avg:.1f}%"
+            )
+    pool = best or known
     chosen = min(pool, key=lambda b: (usage[b], units.get(b, 0), b))
     why = (
         f"{len(best)} broker(s) ≥ {100 * diff:.0f}% below the average {100 * avg:.1f}%"
         if best
         else f"none is {100 * diff:.0f}% below the average {100 * avg:.1f}%"
     )
+    if len(known) < len(candidates):
+        why += f" of {len(known)} broker(s) with load data"
     rejected.pop(chosen, None)
     return StrategyChoice(
         chosen,
         f"[least_resource_usage_with_weight] {chosen} at {100 * usage[chosen]:.1f}%: {why}",
-        {b: r for b, r in rejected.items() if b != chosen},
-        {b: 100 * usage[b] for b in candidates},
-        usage,
+        rejected,
+        {b: 100 * usage[b] for b in known},
+        {b: u for b, u in usage.items() if b in known or b in prev},
     )
 
 
@@ -207,5 +217,9 @@ def select_pulsar(
         rates = dict(zip(brokers, broker_msg_rates(snapshot, brokers).tolist(), strict=True))
         usage = dict(zip(brokers, max_usage(res).tolist(), strict=True))
         return least_long_term_message_rate(brokers, rates, usage, cfg, units)
-    sample = dict(zip(brokers, max_usage_with_weight(res, cfg).tolist(), strict=True))
+    sample = {
+        b: u
+        for b, u in zip(brokers, max_usage_with_weight(res, cfg).tolist(), strict=True)
+        if b in snapshot.reports
+    }
     return least_resource_usage_with_weight(brokers, sample, cfg, units=units)

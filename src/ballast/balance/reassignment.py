@@ -127,7 +127,8 @@ def parse_brokers(text: str, source: str = "brokers") -> list[KafkaBroker]:
 
 
 def parse_broker_ids(text: str | None, option: str) -> list[int]:
-    """A comma-separated id list as given to --add / --remove."""
+    """A comma-separated id list as given to --add / --remove. An id given twice is an
+    error naming it (Kafka's `--broker-list`: "Broker list contains duplicate entries")."""
     if not text:
         return []
     ids = []
@@ -136,6 +137,12 @@ def parse_broker_ids(text: str | None, option: str) -> list[int]:
         if not part.isdigit():
             raise ReplicaInputError(f"{option} {text!r}: {part!r} is not a broker id")
         ids.append(int(part))
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:
+        raise ReplicaInputError(
+            f"{option} {text!r}: broker list contains duplicate entries: "
+            f"{','.join(map(str, twice))}"
+        )
     return ids
 
 

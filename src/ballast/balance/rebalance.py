@@ -13,18 +13,21 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from ballast.balance.candidates import movable_topics
-from ballast.balance.estimate import apply_move, broker_topic_load
+from ballast.balance.candidates import Candidates, movable_topics
+from ballast.balance.estimate import apply_move, broker_topic_load, idle_baseline
 from ballast.balance.history import MoveHistory
 from ballast.balance.imbalance import Imbalance, measure, sum_squared_deviations
 from ballast.balance.noise import is_return, overshoots, spread_hold
 from ballast.balance.rankings import score_brokers
+from ballast.balance.scoring import balanced_score
 from ballast.balance.shedding import move_budget, shed
 from ballast.config import PulsarConfig, RebalancingConfig, RebalancingPolicy, Strategy
 from ballast.model import BrokerId, ClusterSnapshot, Move
 
 LINEAR = (Strategy.FAIR, Strategy.BALANCED)
 MAX_TRIES_PER_SOURCE = 32  # exact evaluations per source broker (non-linear strategy)
+MAX_FALLBACK_PAIRS = 64  # (source, target) pairs tried when no source has a useful move
+FALLBACK_TRIES = 4  # exact evaluations per fallback pair (non-linear strategy)
 
 
 @dataclass(frozen=True)
@@ -69,12 +72,23 @@ class Search:
     reason: str
 
 
+def _idle_score(snapshot: ClusterSnapshot, strategy: Strategy) -> float:
+    """The score of a broker without topics under `strategy` (its host's idle load):
+    Balanced's resource terms at the idle baseline; 0 otherwise (WeightedLoad: an
+    approximation, as the topics' shares below are)."""
+    if strategy is not Strategy.BALANCED:
+        return 0.0
+    cpu, mem, _, _ = idle_baseline(snapshot)
+    return float(balanced_score(0.0, cpu, mem))
+
+
 def _estimated_weights(
-    snapshot: ClusterSnapshot, broker: BrokerId, weights: list[float], score: float
+    snapshot: ClusterSnapshot, broker: BrokerId, weights: list[float], above_idle: float
 ) -> list[float]:
-    """Approximate score each topic carries: its share of the broker's score."""
+    """Approximate score each topic carries: its share of the broker's score above an
+    idle broker's."""
     total = broker_topic_load(snapshot, broker)
-    return [score * w / total if total > 0 else 0.0 for w in weights]
+    return [above_idle * w / total if total > 0 else 0.0 for w in weights]
 
 
 def find_move(
@@ -94,6 +108,13 @@ def find_move(
     reference's own scale-out case), every broker above the mean. `lightest` follows the
     reference (lightest eligible topic first, least disruption); `largest_gain` picks the
     topic closest to half the gap, so a multi-move plan needs the fewest moves.
+
+    When no source has such a move (Ballast, issue 23), the moves that narrow the spread
+    of the scores (max - min) are tried: the least loaded broker takes from any broker
+    above it, most loaded first, and the most loaded gives to any broker below it, least
+    loaded first (at most `MAX_FALLBACK_PAIRS` pairs, `FALLBACK_TRIES` topics each for a
+    non-linear strategy). The same rules hold: no overshoot,
+    no return within the window, a strictly lower sum of squared deviations.
     """
     scores = active_scores(snapshot, strategy)
     stats = measure(scores)
@@ -104,46 +125,100 @@ def find_move(
         )
     if not sources:
         return Search(None, None, "[no-source] no broker is above the mean")
-    before = sum_squared_deviations(scores)
+    pair = _PairSearch(
+        snapshot, history, now, config, strategy, prefer, frozenset(exclude_topics), reason
+    )
+    ascending = sorted(scores, key=lambda b: (scores[b], b))
     notes = []
+    tried = set()
     for source in sources:
-        targets = sorted((b for b in scores if b != source), key=lambda b: (scores[b], b))
+        targets = [b for b in ascending if b != source]
         if not targets:
             notes.append(f"{source}: no active target")
             continue
-        target = targets[0]
-        cands = movable_topics(snapshot, source, history, now, config)
-        topics = [(t, w) for t, w in cands.topics if t not in exclude_topics]
-        window = config.return_window_seconds
-        returning = [t for t, _ in topics if is_return(history, t, target, now, window)]
+        tried.add((source, targets[0]))
+        found = pair.attempt(source, targets[0])
+        if found.move is not None:
+            return found
+        notes.append(found.reason)
+    lowest, highest = ascending[0], ascending[-1]
+    fallback = [(s, lowest) for s in reversed(ascending[1:])]
+    fallback += [(highest, t) for t in ascending[1:-1]]
+    fallback = [(s, t) for s, t in fallback if (s, t) not in tried and scores[s] > scores[t]]
+    for source, target in fallback[:MAX_FALLBACK_PAIRS]:
+        found = pair.attempt(source, target, FALLBACK_TRIES)
+        if found.move is not None:
+            return Search(found.move, found.after, f"{found.reason} [spread]")
+    return Search(None, None, "; ".join(notes))
+
+
+class _PairSearch:
+    """Looks for one useful move of a topic from a given source to a given target."""
+
+    def __init__(
+        self,
+        snapshot: ClusterSnapshot,
+        history: MoveHistory,
+        now: float,
+        config: RebalancingConfig,
+        strategy: Strategy,
+        prefer: Literal["lightest", "largest_gain"],
+        exclude_topics: frozenset[str],
+        reason: str,
+    ) -> None:
+        self.snapshot, self.history, self.now = snapshot, history, now
+        self.config, self.strategy, self.prefer = config, strategy, prefer
+        self.exclude_topics, self.reason = exclude_topics, reason
+        self.scores = active_scores(snapshot, strategy)
+        self.before = sum_squared_deviations(self.scores)
+        self.idle = _idle_score(snapshot, strategy)
+        self.candidates: dict[BrokerId, Candidates] = {}
+
+    def _movable(self, source: BrokerId) -> Candidates:
+        if source not in self.candidates:
+            self.candidates[source] = movable_topics(
+                self.snapshot, source, self.history, self.now, self.config
+            )
+        return self.candidates[source]
+
+    def attempt(
+        self, source: BrokerId, target: BrokerId, max_tries: int = MAX_TRIES_PER_SOURCE
+    ) -> Search:
+        """The move, or no move and a note saying why (at most `max_tries` exact
+        evaluations; one for a linear strategy taking the lightest topic)."""
+        snapshot, scores, strategy = self.snapshot, self.scores, self.strategy
+        cands = self._movable(source)
+        topics = [(t, w) for t, w in cands.topics if t not in self.exclude_topics]
+        window = self.config.return_window_seconds
+        returning = [t for t, _ in topics if is_return(self.history, t, target, self.now, window)]
         topics = [(t, w) for t, w in topics if t not in returning]
         if not topics:
             excluded = cands.explain_exclusions()
             if returning:
                 excluded += f", {len(returning)} left {target} within the return window"
-            notes.append(f"{source}: no movable topic (excluded: {excluded})")
-            continue
+            return Search(None, None, f"{source}: no movable topic (excluded: {excluded})")
         gap = scores[source] - scores[target]
-        est = _estimated_weights(snapshot, source, [w for _, w in topics], scores[source])
+        above_idle = max(0.0, scores[source] - self.idle)
+        est = _estimated_weights(snapshot, source, [w for _, w in topics], above_idle)
         order = list(range(len(topics)))
-        if prefer == "largest_gain":
+        if self.prefer == "largest_gain":
             order = [i for i in order if 0 < est[i] < gap] or order
             order.sort(key=lambda i: (abs(est[i] - gap / 2), topics[i][0]))
-        tries = 1 if strategy in LINEAR and prefer == "lightest" else MAX_TRIES_PER_SOURCE
+        tries = 1 if strategy in LINEAR and self.prefer == "lightest" else max_tries
         for i in order[:tries]:
             topic = topics[i][0]
             after = apply_move(snapshot, topic, source, target)
             new_scores = active_scores(after, strategy)
             if overshoots(new_scores, source, target):
                 continue  # more than the imbalance one move can fix: noise would undo it
-            if sum_squared_deviations(new_scores) < before * (1 - 1e-12) - 1e-12:
+            if sum_squared_deviations(new_scores) < self.before * (1 - 1e-12) - 1e-12:
                 move = Move(
                     topic=topic,
                     from_broker=source,
                     to_broker=target,
-                    reason=reason,
+                    reason=self.reason,
                     estimated_load=scores[source] - new_scores[source],
-                    timestamp=now,
+                    timestamp=self.now,
                 )
                 return Search(
                     move,
@@ -152,11 +227,12 @@ def find_move(
                     f"{target} ({scores[target]:.2f}), est. load {move.estimated_load:.2f}",
                 )
         t0, w0 = topics[order[0]][0], est[order[0]]
-        notes.append(
+        return Search(
+            None,
+            None,
             f"[no-regret] moving {t0} (w={w0:.2f}) from {source} ({scores[source]:.2f}) to "
-            f"{target} ({scores[target]:.2f}) does not reduce imbalance"
+            f"{target} ({scores[target]:.2f}) does not reduce imbalance",
         )
-    return Search(None, None, "; ".join(notes))
 
 
 def decide_rebalance(

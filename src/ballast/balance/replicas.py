@@ -127,7 +127,8 @@ def make_layout(
     """The cluster after adding and removing brokers.
 
     Added brokers missing from `brokers` join without a rack. Raises ReplicaInputError for
-    a broker listed twice, a removed broker nobody knows, or no broker left.
+    a broker listed twice, a removed broker nobody knows, a broker both added and removed,
+    or no broker left.
     """
     racks: dict[int, str | None] = {}
     for b in brokers:
@@ -137,6 +138,11 @@ def make_layout(
     for added in add:
         racks.setdefault(added, None)
     removed = set(remove)
+    both = sorted(removed & set(add))
+    if both:
+        raise ReplicaInputError(
+            f"broker(s) {','.join(map(str, both))} both in --add and in --remove"
+        )
     unknown = sorted(removed - racks.keys())
     if unknown:
         raise ReplicaInputError(
@@ -788,12 +794,68 @@ def _order_followers(state: _TopicState, leader: list[int]) -> None:
         state.rows[p] = [lead, *followers]
 
 
-def round_robin_moves(topic: TopicReplicas, layout: BrokerLayout, seed: int = 0) -> int:
-    """Replica moves of a `kafka-reassign-partitions --generate`-style assignment.
+def kafka_assignment(
+    order: IntArray,
+    racks: IntArray | None,
+    partitions: int,
+    rf: int,
+    start: int,
+    shift: int,
+) -> IntArray:
+    """Kafka's `AdminUtils.assignReplicasToBrokers` (what `--generate` proposes), as a
+    (partitions, rf) array of entries of `order`.
 
-    Kafka's rack-unaware round robin over the target brokers (rack-alternated when
-    rack-aware), from a start index and replica shift that Kafka draws at random: here
-    derived from `seed` and the topic name, so the figure is reproducible.
+    `order` is the broker list: rack-alternated (`getRackAlternatedBrokerList`) when
+    `racks` (each entry's rack) is given, which selects the rack-aware assignment: a
+    follower is skipped while its rack already holds a replica of the partition and some
+    rack holds none, or while it holds one itself and some broker holds none, so no two
+    replicas of a partition share a rack while there are racks enough. `start` and `shift`
+    are Kafka's random start index and replica shift; the shift grows by one every
+    `len(order)` partitions.
+    """
+    n = len(order)
+    out = np.empty((partitions, rf), dtype=np.int64)
+    if partitions == 0 or rf == 0:
+        return out
+    p = np.arange(partitions)
+    first = (p + start) % n
+    shifts = shift + p // n
+    out[:, 0] = order[first]
+    span = max(n - 1, 1)
+    if racks is None:
+        for j in range(1, rf):
+            out[:, j] = order[(first + 1 + (shifts + j - 1) % span) % n]
+        return out
+    rack = np.asarray(racks, dtype=np.int64)
+    num_racks = len(np.unique(rack))
+    pos = np.empty((partitions, rf), dtype=np.int64)  # positions in `order`
+    pos[:, 0] = first
+    racks_used = np.ones(partitions, dtype=np.int64)  # distinct racks holding a replica
+    k = np.zeros(partitions, dtype=np.int64)  # attempts so far (Kafka's `k`, per partition)
+    step_base = shifts * num_racks
+    for j in range(1, rf):
+        pending = np.arange(partitions)
+        while pending.size:  # every row accepts within n attempts: the list covers all
+            cand = (first[pending] + 1 + (step_base[pending] + k[pending]) % span) % n
+            rack_taken = (rack[pos[pending, :j]] == rack[cand][:, None]).any(axis=1)
+            broker_taken = (pos[pending, :j] == cand[:, None]).any(axis=1)
+            ok = (~rack_taken | (racks_used[pending] == num_racks)) & (~broker_taken | (j == n))
+            done = pending[ok]
+            pos[done, j] = cand[ok]
+            racks_used[done] += ~rack_taken[ok]
+            k[pending] += 1
+            pending = pending[~ok]
+    return np.asarray(order[pos], dtype=np.int64)
+
+
+def round_robin_moves(topic: TopicReplicas, layout: BrokerLayout, seed: int = 0) -> int:
+    """Replica moves of a `kafka-reassign-partitions --generate` assignment.
+
+    Kafka's `assignReplicasToBrokers` (`kafka_assignment`) over the target brokers:
+    rack-aware when the layout is (the rack-alternated list, no two replicas of a partition
+    in one rack while racks suffice; a broker without a rack is a rack of its own), from a
+    start index and replica shift that Kafka draws at random: here derived from `seed` and
+    the topic name, so the figure is reproducible. Each partition keeps its own RF.
     """
     brokers = layout.round_robin_order
     n = len(brokers)
@@ -802,15 +864,12 @@ def round_robin_moves(topic: TopicReplicas, layout: BrokerLayout, seed: int = 0)
         return 0
     start = zlib.crc32(f"{seed}/{topic.topic}/start".encode()) % n
     shift = zlib.crc32(f"{seed}/{topic.topic}/shift".encode()) % n
-    i = np.arange(size)
-    first = (i + start) % n
-    new = np.empty((size, width), dtype=np.int64)
-    new[:, 0] = brokers[first]
-    for j in range(1, width):
-        step = 1 + (shift + i // n + j - 1) % max(n - 1, 1)
-        new[:, j] = brokers[(first + step) % n]
+    racks = layout.rack_group[brokers] if layout.rack_aware else None
+    new = kafka_assignment(brokers, racks, size, min(width, n), start, shift)
+    rf = topic.replication_factors
+    new = np.where(np.arange(new.shape[1])[None, :] < rf[:, None], new, NO_BROKER - 1)
     present = topic.replicas >= 0
-    kept = (new[:, :, None] == topic.replicas[:, None, :]).any(axis=2)
+    kept = (topic.replicas[:, :, None] == new[:, None, :]).any(axis=2)
     return int((present & ~kept).sum())
 
 

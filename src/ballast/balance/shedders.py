@@ -8,8 +8,8 @@ level (or not at all); Ballast returns them.
 
 Followed from Pulsar's implementation (4.x):
 - ThresholdShedder: usage `u = h·u_prev + (1−h)·max(weighted cpu, mem, direct mem, bw in,
-  bw out)`, seeded with the first sample (signals above 100 % are skipped, as Pulsar's
-  `getMaxResourceUsageWithWeightWithinLimit`); overloaded when `u ≥ avg + threshold`; offload
+  bw out)`, seeded with the first sample (usage above 100 % counts as it is: Pulsar
+  reverted its clamp, #18598); overloaded when `u ≥ avg + threshold`; offload
   `(u − avg − threshold + 5 %) × throughput`, heaviest units first, at least one, unless that
   is below the minimum throughput. `lower_boundary_shedding_enabled`: when nothing was
   selected and some broker is below `avg − threshold`, the most used broker with more than one
@@ -19,7 +19,8 @@ Followed from Pulsar's implementation (4.x):
 - UniformLoadShedder: the max/min brokers by msg rate and by throughput; if the rate gap
   exceeds `msg_rate_difference_shedder_threshold` % (of the minimum, 0 → 1) or the
   throughput ratio exceeds the multiplier, move `max_unload_percentage` of the gap from the
-  most loaded broker, heaviest first, each unit no larger than what is still needed.
+  most loaded broker, heaviest first, each unit no larger than what is still needed plus
+  Pulsar's fixed slack (`UNIFORM_SLACK`: 1000 msg/s, or 1000 bytes/s).
 - All: a broker's only unit is never shed; recently unloaded units are excluded.
 
 Ties break by broker id and unit name, never by hash order.
@@ -29,9 +30,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from ballast.balance.scoring import NUMPY_OPS, Ops
 from ballast.config import PulsarConfig, RebalancingPolicy
 from ballast.model import BrokerId
 
@@ -39,6 +42,7 @@ ADDITIONAL_THRESHOLD_PERCENT_MARGIN = 0.05
 LOWER_BOUNDARY_THRESHOLD_MARGIN = 0.5
 MB = 1024 * 1024
 EPS = 1e-6
+UNIFORM_SLACK = 1000.0  # Pulsar's `+ 1000 /* delta */`, in the unit of the metric compared
 RESOURCES = ("cpu", "memory", "direct_memory", "bandwidth_in", "bandwidth_out")
 
 
@@ -115,25 +119,36 @@ class SheddingResult:
         return "\n".join(lines)
 
 
-def _weights(cfg: PulsarConfig) -> np.ndarray:
-    return np.array(
-        [
-            cfg.cpu_resource_weight,
-            cfg.memory_resource_weight,
-            cfg.direct_memory_resource_weight,
-            cfg.bandwith_in_resource_weight,
-            cfg.bandwith_out_resource_weight,
-        ]
+def resource_usage_score(
+    cpu: Any,
+    memory: Any,
+    direct_memory: Any,
+    bw_in: Any,
+    bw_out: Any,
+    cfg: PulsarConfig,
+    ops: Ops = NUMPY_OPS,
+) -> Any:
+    """Pulsar's `getMaxResourceUsageWithWeight`, in percent: the largest weighted signal,
+    not clamped (a broker at 140 % counts as 140 %). Pulsar briefly skipped signals above
+    100 % (#16937) and reverted it as a breaking change (#18598, #18645). Plain arithmetic
+    and `ops.maximum` (floats, NumPy, Spark columns); the one definition of the weighted
+    max, used by ThresholdShedder, LeastResourceUsageWithWeight and the pipeline."""
+    return ops.maximum(
+        ops.maximum(
+            ops.maximum(cpu * cfg.cpu_resource_weight, memory * cfg.memory_resource_weight),
+            direct_memory * cfg.direct_memory_resource_weight,
+        ),
+        ops.maximum(
+            bw_in * cfg.bandwith_in_resource_weight, bw_out * cfg.bandwith_out_resource_weight
+        ),
     )
 
 
 def max_usage_with_weight(resources: np.ndarray, cfg: PulsarConfig) -> np.ndarray:
-    """Pulsar's `getMaxResourceUsageWithWeight` as a fraction; a broker whose weighted max
-    is above 100 % falls back to the signals within 100 % (Pulsar's `…WithinLimit`)."""
-    weighted = np.asarray(resources, dtype=float) * _weights(cfg)
-    raw = weighted.max(axis=1, initial=0.0) / 100
-    within = np.where(weighted <= 100.0, weighted, 0.0).max(axis=1, initial=0.0) / 100
-    return np.where(raw > 1.0, within, raw)
+    """`resource_usage_score` of each row of `resources` (B, 5), as a fraction."""
+    r = np.asarray(resources, dtype=float).reshape(-1, len(RESOURCES))
+    score = resource_usage_score(r[:, 0], r[:, 1], r[:, 2], r[:, 3], r[:, 4], cfg)
+    return np.asarray(score, dtype=float) / 100
 
 
 def max_usage(resources: np.ndarray) -> np.ndarray:
@@ -419,7 +434,7 @@ def uniform_shedder(inp: SheddingInput, cfg: PulsarConfig) -> SheddingResult:
         if value <= 0:
             idle += 1  # an idle unit moves no load
             continue
-        if value <= left:
+        if value <= left + UNIFORM_SLACK:
             left -= value
             chosen.append(
                 Unload(
@@ -430,7 +445,7 @@ def uniform_shedder(inp: SheddingInput, cfg: PulsarConfig) -> SheddingResult:
             too_big += 1
     notes = [f"{label}; chose {len(chosen)} unit(s)"]
     if too_big:
-        notes.append(f"{too_big} larger than what was still needed")
+        notes.append(f"{too_big} larger than what was still needed + {UNIFORM_SLACK:.0f}")
     if idle:
         notes.append(f"{idle} idle")
     if len(movable) < len(units):

@@ -35,6 +35,8 @@ from ballast.balance.replicas import (
     plan_replicas,
 )
 
+NOTHING_TO_MOVE = 3  # exit status: the plan changes nothing, no file written
+
 
 class Engine(enum.StrEnum):
     local = "local"
@@ -165,10 +167,14 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path, typer.Option(help="Where to write the reassignment for --execute.")],
         add: Annotated[
             str | None,
-            typer.Option(help="Brokers joining, e.g. 7,8 (racks from the brokers file)."),
+            typer.Option(
+                help="Brokers joining, e.g. 7,8 (racks from the brokers file; one missing "
+                "there joins without a rack). Each id once."
+            ),
         ] = None,
         remove: Annotated[
-            str | None, typer.Option(help="Brokers leaving, e.g. 3: all their replicas move.")
+            str | None,
+            typer.Option(help="Brokers leaving, e.g. 3: all their replicas move. Each id once."),
         ] = None,
         rack_aware: Annotated[
             bool,
@@ -212,6 +218,11 @@ def register(app: typer.Typer) -> None:
         followers of changed partitions are ordered so that a broker's failure spreads its
         leaderships. The --out file holds only the partitions that change; feed it to
         `kafka-reassign-partitions --execute --reassignment-json-file FILE`.
+
+        Exit status: 0 the plan is written; 2 bad input (malformed files, unknown or
+        duplicate broker ids, an RF that cannot be placed); 1 a file cannot be written;
+        3 nothing to move: the current assignment already meets every target, and no file
+        is written (Kafka's --execute rejects an empty reassignment).
         """
         err = Console(stderr=True)
         started = time.perf_counter()
@@ -248,6 +259,26 @@ def register(app: typer.Typer) -> None:
             with err.status(f"planning {len(topics)} topics"):
                 plan = plan_replicas(topics, layout, seed)
         log_dirs = {(a.topic, a.partition): a.log_dirs for a in assignments if a.log_dirs}
+        if not plan.changes:
+            # `kafka-reassign-partitions --execute` rejects an empty partition list: write
+            # nothing, say so, and exit with a status of its own.
+            seconds = time.perf_counter() - started
+            if as_json:
+                summary = plan.to_dict() | {
+                    "engine": engine.value,
+                    "seconds": round(seconds, 3),
+                    "written": {},
+                    "nothing_to_move": True,
+                }
+                typer.echo(json.dumps(summary, indent=2))
+            else:
+                print_plan(plan, Console(), {}, show_brokers)
+            err.print(
+                f"nothing to move: the assignment already meets every target; {out} not "
+                f"written{' (nor the rollback)' if rollback is not None else ''}",
+                highlight=False,
+            )
+            raise typer.Exit(NOTHING_TO_MOVE)
         written = {"reassignment": str(out)}
         try:
             _write(out, dumps(reassignment_document(plan.changes, log_dirs)), "--out")
