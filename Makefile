@@ -5,7 +5,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all demo test lint format unit bench clean
+.PHONY: all demo test lint format unit bench clean sysdeps
+
+# System packages the tests drive for real: headless Chromium (the console's browser tests)
+# and Prometheus (the dashboard's series check). Installed only when missing (needs root).
+SYSDEPS := chromium chromium-driver prometheus
 
 all: test
 
@@ -14,6 +18,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
+
+sysdeps:
+	@if [ ! -x /usr/bin/chromium ] || ! command -v prometheus >/dev/null 2>&1; then \
+		echo "installing $(SYSDEPS) (apt-get)"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SYSDEPS); \
+	fi
 
 demo: $(STAMP)
 	$(BIN)/ballast demo
@@ -27,7 +37,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix src tests benchmarks
 	$(BIN)/ruff format src tests benchmarks
 
-unit: $(STAMP)
+unit: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q
 
 test: lint unit
