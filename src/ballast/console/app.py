@@ -32,6 +32,9 @@ from ballast.server.auth import AuthError, Permission, TokenAuthority
 MAX_PAGE = 1000
 KEEPALIVE_SECONDS = 15.0
 
+Offset = Annotated[int, Query(ge=0, description="First item of the page.")]
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description="Items per page.")]
+
 
 class Refused(Exception):
     """A request refused before any operation: `status` and the message to answer."""
@@ -131,8 +134,6 @@ def create_app(
             raise Refused(status, f"{exc.code.name}: {exc.message}") from None
 
     api = APIRouter(prefix="/api", dependencies=[Depends(require_admin)])
-    Offset = Annotated[int, Query(ge=0, description="First item of the page.")]
-    Limit = Annotated[int, Query(ge=1, le=MAX_PAGE, description="Items per page.")]
 
     # -- cluster ---------------------------------------------------------------------------
 

@@ -124,7 +124,7 @@ class Frame:
             "topics": len(self.topics),
             "moves": len(self.moves),
             "leader": (self.leader or {}).get("broker_id"),
-            "balance": self.balance,
+            "balance": {k: v for k, v in self.balance.items() if k != "brokers"},
         }
 
 

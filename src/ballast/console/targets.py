@@ -2,7 +2,8 @@
 
 Every broker registers its ``metrics_url`` (``http://host:port/metrics``, empty when its
 metrics are off); `prometheus_targets` turns the registrations of a `ClusterView` into
-Prometheus's file_sd / http_sd JSON: one target group per broker, labelled with its id.
+Prometheus's file_sd / http_sd JSON: one target group per broker, labelled ``broker`` with its id (not ``broker_id``,
+which the per-broker series carry themselves).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def prometheus_targets(view: ClusterView) -> list[dict[str, Any]]:
         parts = urlsplit(url) if url else None
         if parts is None or not parts.hostname or not parts.port:
             continue  # metrics disabled, or a port 0 that was never resolved
-        labels = {"broker_id": broker, "__metrics_path__": parts.path or "/metrics"}
+        labels = {"broker": broker, "__metrics_path__": parts.path or "/metrics"}
         if parts.scheme and parts.scheme != "http":
             labels["__scheme__"] = parts.scheme
         groups.append({"targets": [parts.netloc], "labels": labels})
