@@ -2,8 +2,8 @@
 
 Every broker registers its ``metrics_url`` (``http://host:port/metrics``, empty when its
 metrics are off); `prometheus_targets` turns the registrations of a `ClusterView` into
-Prometheus's file_sd / http_sd JSON: one target group per broker, labelled ``broker`` with its id (not ``broker_id``,
-which the per-broker series carry themselves).
+Prometheus's file_sd / http_sd JSON: one target group per broker, labelled ``broker``
+with its id (not ``broker_id``, which the per-broker series carry themselves).
 """
 
 from __future__ import annotations

@@ -342,8 +342,8 @@ function onFrame(update) {
   if (page === "balance" && !all && update.moves.length) chart.moves.push(...update.moves);
   if (all || wants.some((w) => changed.has(w))) {
     if (page === "balance" && !all) { drawChart(); if (changed.has("history")) loadHistory(); return; }
-    clearTimeout(pending);  // coalesce bursts: at most one re-read per 200 ms
-    pending = setTimeout(() => refresh(page, arg).catch(() => {}), 200);
+    if (pending) return;  // coalesce bursts: at most one re-read per 200 ms
+    pending = setTimeout(() => { pending = null; refresh(page, arg).catch(() => {}); }, 200);
   }
 }
 
