@@ -7,6 +7,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -116,9 +117,7 @@ async def test_drain_from_the_api_completes_and_activate_restores(setup: Setup) 
 async def test_rebalance_plan_then_apply_the_reviewed_plan(setup: Setup) -> None:
     c = setup.client
     await setup.cluster.start_broker("b3")  # empty: the plan moves topics onto it
-    await wait_until(
-        lambda: _has_brokers(c, 3), 5, "b3 in the console's view", interval=0.05
-    )
+    await wait_until(lambda: _has_brokers(c, 3), 5, "b3 in the console's view", interval=0.05)
     plan = (await c.post("/api/rebalance/plan")).json()
     assert plan["dry_run"] is True and plan["moves"]
     assert plan["after"]["cv"] < plan["before"]["cv"]
@@ -143,25 +142,28 @@ async def _has_brokers(c: httpx.AsyncClient, n: int) -> bool:
 
 
 async def test_events_stream_pushes_a_frame_when_a_broker_joins(setup: Setup) -> None:
-    async with serving(setup.admin) as (url, live), httpx.AsyncClient() as client:
-        async with client.stream("GET", f"{url}/api/events") as stream:
-            lines = stream.aiter_lines()
-            first = await _next_frame(lines)
-            assert first["changed"] == ["all"] and first["summary"]["brokers"] == 2
-            assert live.subscribers == 1
-            await setup.cluster.start_broker("b4")
-            async with asyncio.timeout(5):
-                while True:
-                    frame = await _next_frame(lines)
-                    if frame["summary"]["brokers"] == 3:
-                        break
-            assert "brokers" in frame["changed"]
+    async with (
+        serving(setup.admin) as (url, live),
+        httpx.AsyncClient() as client,
+        client.stream("GET", f"{url}/api/events") as stream,
+    ):
+        lines = stream.aiter_lines()
+        first = await _next_frame(lines)
+        assert first["changed"] == ["all"] and first["summary"]["brokers"] == 2
+        assert live.subscribers == 1
+        await setup.cluster.start_broker("b4")
+        async with asyncio.timeout(5):
+            while True:
+                frame = await _next_frame(lines)
+                if frame["summary"]["brokers"] == 3:
+                    break
+        assert "brokers" in frame["changed"]
 
 
-async def _next_frame(lines: AsyncIterator[str]) -> dict[str, object]:
+async def _next_frame(lines: AsyncIterator[str]) -> dict[str, Any]:
     async for line in lines:
         if line.startswith("data: "):
-            data: dict[str, object] = json.loads(line[len("data: ") :])
+            data: dict[str, Any] = json.loads(line[len("data: ") :])
             return data
     raise AssertionError("the event stream ended")
 
@@ -186,9 +188,7 @@ async def test_with_jwt_auth_the_api_needs_an_admin_token() -> None:
                 none = await c.get("/api/summary")
                 assert none.status_code == 401
                 assert none.json()["error"].startswith("UNAUTHENTICATED: no token")
-                denied = await c.get(
-                    "/api/summary", headers={"Authorization": f"Bearer {reader}"}
-                )
+                denied = await c.get("/api/summary", headers={"Authorization": f"Bearer {reader}"})
                 assert denied.status_code == 403
                 assert denied.json() == {
                     "error": "PERMISSION_DENIED: token of 'app' lacks the 'admin' permission "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -59,6 +60,7 @@ def register(app: typer.Typer, admin_app: typer.Typer) -> None:
     ) -> None:
         from ballast.console.serve import serve_console
 
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
         try:
             cfg = load_config(config)
         except ConfigError as exc:

@@ -351,22 +351,27 @@ def create_app(
         async def stream() -> AsyncIterator[str]:
             async with live.subscribe() as queue:
                 yield _sse("frame", {"summary": frame.summary(), "changed": ["all"]})
-                while not stopping.is_set():
-                    getter = asyncio.ensure_future(queue.get())
-                    stop = asyncio.ensure_future(stopping.wait())
-                    done, _ = await asyncio.wait(
-                        {getter, stop},
-                        timeout=KEEPALIVE_SECONDS,
-                        return_when=asyncio.FIRST_COMPLETED,
-                    )
-                    stop.cancel()
-                    if getter in done:
-                        yield _sse("frame", getter.result().to_dict())
-                    else:
+                stop = asyncio.ensure_future(stopping.wait())
+                getter: asyncio.Future[Any] | None = None
+                try:
+                    while not stopping.is_set():
+                        getter = asyncio.ensure_future(queue.get())
+                        done, _ = await asyncio.wait(
+                            {getter, stop},
+                            timeout=KEEPALIVE_SECONDS,
+                            return_when=asyncio.FIRST_COMPLETED,
+                        )
+                        if getter in done:
+                            yield _sse("frame", getter.result().to_dict())
+                            continue
                         getter.cancel()
-                        if await request.is_disconnected():
+                        if stop.done() or await request.is_disconnected():
                             return
                         yield ": keep-alive\n\n"
+                finally:
+                    stop.cancel()
+                    if getter is not None:
+                        getter.cancel()
 
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)

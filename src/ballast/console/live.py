@@ -380,9 +380,10 @@ class LiveCluster:
     def subscribers(self) -> int:
         return len(self._subscribers)
 
-    def touch(self) -> None:
-        """Recompute the frame soon even without a store event (after an admin write)."""
-        self._changed("brokers")
+    def touch(self, *what: str) -> None:
+        """Recompute (these parts of) the frame soon, even without a store event (after an
+        admin write: the broker rows)."""
+        self._changed(*(what or ("brokers",)))
 
 
 class _Relist(Exception):

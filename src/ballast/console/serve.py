@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import Callable, Iterator
@@ -54,6 +55,10 @@ async def serve_console(
     async with store:
         admin = AdminClient(store, clock, config)
         async with LiveCluster(store, clock, admin=admin) as live:
+            await live.current_frame()
+            # The listed view is long-lived: keep the collector from re-scanning it (at 100 000
+            # topics a full collection would otherwise stall requests for hundreds of ms).
+            gc.freeze()
             app = create_app(
                 live, authority=authority, store_label=etcd or "embedded", stopping=stopping
             )
