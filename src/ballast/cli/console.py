@@ -67,7 +67,7 @@ def register(app: typer.Typer, admin_app: typer.Typer) -> None:
             raise _fail(str(exc), 2) from None
 
         def started(url: str) -> None:
-            typer.echo(f"ballast console: {url}/ (API: {url}/docs)", err=True)
+            typer.echo(f"ballast console: {url}/ (OpenAPI: {url}/openapi.json)", err=True)
             typer.echo(f"CONSOLE-STARTED {url}")
 
         try:
