@@ -10,6 +10,7 @@ STAMP := $(VENV)/.installed
 # System packages the tests drive for real: headless Chromium (the console's browser tests)
 # and Prometheus (the dashboard's series check). Installed only when missing (needs root).
 SYSDEPS := chromium chromium-driver prometheus
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 all: test
 
@@ -22,7 +23,8 @@ $(STAMP): pyproject.toml
 sysdeps:
 	@if [ ! -x /usr/bin/chromium ] || ! command -v prometheus >/dev/null 2>&1; then \
 		echo "installing $(SYSDEPS) (apt-get)"; \
-		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SYSDEPS); \
+		$(SUDO) apt-get update -q && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SYSDEPS); \
 	fi
 
 demo: $(STAMP)

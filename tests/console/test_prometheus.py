@@ -201,6 +201,14 @@ def test_every_series_the_dashboard_queries_exists(etcd_server: EtcdServer, tmp_
                 wait_for(all_there, 30, "every dashboard series in Prometheus")
             except AssertionError:
                 pytest.fail(f"series the dashboard queries but Prometheus lacks: {missing}")
-            up = _get(f"{url}/api/v1/query?query=up")
-            assert sorted(r["metric"]["broker"] for r in up["data"]["result"]) == ["m1", "m2"]
+
+            def both_up() -> bool:
+                up = _get(f"{url}/api/v1/query?query=up")
+                results = up["data"]["result"] if up else []
+                return sorted(r["metric"]["broker"] for r in results if r["value"][1] == "1") == [
+                    "m1",
+                    "m2",
+                ]
+
+            wait_for(both_up, 10, "both brokers scraped (up == 1)")
     run(clean())
