@@ -300,7 +300,10 @@ class LiveCluster:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            self.publish(await self.compute())
+            try:
+                self.publish(await self.compute())
+            except Exception:  # one bad frame must not end the live view: log, go on
+                log.exception("console: computing a frame failed; keeping the last one")
             await self.clock.sleep(self.frame_seconds)
 
     async def compute(self) -> tuple[Frame, tuple[str, ...]]:

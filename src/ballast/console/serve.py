@@ -16,6 +16,7 @@ from ballast.cluster.admin import AdminClient
 from ballast.config import BallastConfig
 from ballast.console.app import create_app
 from ballast.console.live import LiveCluster
+from ballast.metadata import keys
 from ballast.metadata.factory import open_store
 from ballast.server.auth import TokenAuthority
 
@@ -53,6 +54,9 @@ async def serve_console(
     store = open_store(etcd, clock)
     stopping = asyncio.Event()
     async with store:
+        # Fail fast, as every admin command does, if the store cannot be reached at all;
+        # once serving, the live view survives outages (it re-lists and catches up).
+        await store.get(keys.LEADER)
         admin = AdminClient(store, clock, config)
         async with LiveCluster(store, clock, admin=admin) as live:
             await live.current_frame()
