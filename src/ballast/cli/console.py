@@ -87,9 +87,11 @@ def register(app: typer.Typer, admin_app: typer.Typer) -> None:
     ) -> None:
         """Prometheus file_sd targets: every registered broker's metrics endpoint.
 
-        Point a scrape job at the file (file_sd_configs: [{files: [FILE]}]) and re-run this
-        when brokers come and go (Prometheus re-reads the file), or use the console's HTTP
-        service discovery at /api/prometheus/targets instead.
+        Scrape them with file_sd_configs: [{files: [FILE]}].
+
+        Re-run when brokers come and go: Prometheus re-reads the file.
+
+        Or let Prometheus ask the console: http_sd_configs on /api/prometheus/targets.
         """
         from ballast.console.targets import prometheus_targets
 
