@@ -1,6 +1,7 @@
 """The web console in a real headless Chromium (Debian's, driven by Playwright) against a
 running cluster on a real etcd: the live view follows a broker joining and a topic moving,
-a dry-run plan shows and applies, a drain started from the page completes.
+a dry-run plan shows and applies, a drain started from the page completes; with auth on,
+the page asks for a token and then goes live.
 
 One browser and one cluster serve the whole module (the tests run in order and build on
 each other's cluster); each page is saved under docs/console/ for the README.
@@ -20,7 +21,9 @@ import pytest_asyncio
 
 from ballast.clock import SystemClock
 from ballast.cluster import AdminClient, LocalCluster
+from ballast.config import parse_config
 from ballast.metadata.etcd import EtcdStore
+from ballast.server.auth import Permission, TokenAuthority
 from tests.cluster.conftest import wipe
 from tests.cluster.helpers import FAST_REBALANCING, fast_config, wait_settled
 from tests.console.helpers import serving
@@ -188,3 +191,24 @@ async def test_balance_page_charts_the_moves(console: Console) -> None:
     assert await page.locator("#balance-chart line.move").count() >= 1
     assert await page.locator("#history tbody tr").count() >= 1
     await shot(page, "balance")
+
+
+async def test_with_auth_the_page_asks_for_a_token_then_goes_live(console: Console) -> None:
+    authority = TokenAuthority(parse_config({"auth": {"mode": "jwt", "secret": "k" * 32}}).auth)
+    token = authority.issue("ops", {"*": [Permission.ADMIN]})
+    async with serving(console.admin, authority=authority) as (url, _):
+        page = await console.page.context.new_page()
+        try:
+            await page.goto(url + "/")
+            await page.locator("#login[open]").wait_for()
+            assert (await page.locator("#login-error").inner_text()).startswith(
+                "UNAUTHENTICATED: no token"
+            )
+            await page.fill("#login-token", token)
+            await page.click("#login button")
+            await page.locator('#brokers tr[data-broker="b1"]').wait_for()
+            await page.wait_for_function(
+                "() => document.querySelector('#live-text').textContent === 'live'"
+            )
+        finally:
+            await page.close()
