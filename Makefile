@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all demo test lint format unit bench clean sysdeps
+.PHONY: all demo test lint format unit bench clean sysdeps screenshots
 
 # System packages the tests drive for real: headless Chromium (the console's browser tests)
 # and Prometheus (the dashboard's series check). Installed only when missing (needs root).
@@ -43,6 +43,10 @@ unit: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q
 
 test: lint unit
+
+# The console's pages, as the README shows them (the browser tests, saving into docs/console).
+screenshots: $(STAMP) sysdeps
+	BALLAST_CONSOLE_SCREENSHOTS=docs/console $(BIN)/python -m pytest -q tests/console/test_browser.py
 
 bench: $(STAMP)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
