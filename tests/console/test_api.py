@@ -67,6 +67,10 @@ async def test_cluster_brokers_and_topics_are_paged_and_filtered(setup: Setup) -
     assert found["total"] == 10
     owned = (await c.get("/api/topics", params={"owner": "b2", "state": "assigned"})).json()
     assert owned["total"] == 10 and {t["owner"] for t in owned["items"]} == {"b2"}
+    waiting = (await c.get("/api/topics", params={"state": "unassigned"})).json()
+    assert waiting["total"] == 0  # all placed
+    in_ns = (await c.get("/api/topics", params={"namespace": "default", "limit": 1})).json()
+    assert in_ns["total"] == 20 and len(in_ns["items"]) == 1
 
 
 async def test_topic_page_gives_every_brokers_verdict(setup: Setup) -> None:

@@ -258,22 +258,21 @@ def create_app(
     ) -> dict[str, Any]:
         frame = await live.current_frame()
         view = live.view
-        names: Sequence[str] = frame.topics
-        if owner:
-            names = sorted(view.topics_of(owner))
-        elif state and state != "assigned":
-            names = sorted(view.markers)
+        now = live.clock.now()
+        names: Sequence[str] = sorted(view.topics_of(owner)) if owner else frame.topics
         if namespace:
             prefix = f"/{namespace}/"
             names = [t for t in names if t.startswith(prefix)]
         if q:
             names = [t for t in names if q in t]
-        now = live.clock.now()
-        if state:
-            infos = [admin.topic_info(view, t, now) for t in names]
-            matching = [i for i in infos if i.state == state]
-            total, page = _page(matching, offset, limit)
-            return _paged(total, offset, limit, [i.to_dict() for i in page])
+        if state == "assigned":  # owned; only the page's rows are built
+            names = [t for t in names if t in view.owners]
+        elif state:  # the few topics without an owner: unassigned, moving or sealing
+            names = [
+                t
+                for t in names
+                if t not in view.owners and admin.topic_info(view, t, now).state == state
+            ]
         total, page_names = _page(names, offset, limit)
         items = [admin.topic_info(view, t, now).to_dict() for t in page_names]
         return _paged(total, offset, limit, items)
