@@ -1,7 +1,7 @@
-"""`LiveCluster`: one watch per console server, fanned out to every browser.
+"""`LiveCluster`: the store followed once per console server, fanned out to every browser.
 
 It lists ``/cluster/`` and ``/topics/`` once into a `ClusterView` (the leader's own
-record decoding), then applies every watch event to it — re-listing after a compaction or
+record decoding), then applies every event of one watch per prefix to it — re-listing after a compaction or
 a store failure. At most every `frame_seconds`, when something changed, it computes a
 `Frame` (broker rows with their scores and load, balance statistics, the sorted topic
 index, the move history) through `AdminClient` over that view, and hands a small
