@@ -1,12 +1,12 @@
 """`LiveCluster`: the store followed once per console server, fanned out to every browser.
 
 It lists ``/cluster/`` and ``/topics/`` once into a `ClusterView` (the leader's own
-record decoding), then applies every event of one watch per prefix to it — re-listing after a compaction or
-a store failure. At most every `frame_seconds`, when something changed, it computes a
-`Frame` (broker rows with their scores and load, balance statistics, the sorted topic
-index, the move history) through `AdminClient` over that view, and hands a small
-`Update` to every subscriber (the server-sent-event streams). Browsers then read pages of
-the frame from the API: nothing per browser touches the store.
+record decoding), then applies every event of one watch per prefix to it — re-listing
+after a compaction or a store failure. At most every `frame_seconds`, when something
+changed, it computes a `Frame` (broker rows with their scores and load, balance
+statistics, the sorted topic index, the move history) through `AdminClient` over that
+view, and hands a small `Update` to every subscriber (the server-sent-event streams).
+Browsers then read pages of the frame from the API: nothing per browser touches the store.
 """
 
 from __future__ import annotations
