@@ -121,13 +121,17 @@ async def test_live_view_shows_a_broker_joining(console: Console) -> None:
     page = console.page
     await page.goto(console.url + "/")
     await page.locator('#brokers tr[data-broker="b2"]').wait_for()
-    assert await page.locator("#live-text").inner_text() == "live"
+    await page.wait_for_function(
+        "() => document.querySelector('#live-text').textContent === 'live'"
+    )
     await console.cluster.start_broker("b3")
     # No reload: the server-sent event brings the new broker onto the page.
     row = page.locator('#brokers tr[data-broker="b3"]')
     await row.wait_for()
     assert await row.get_attribute("data-state") == "active"
-    assert await page.locator("#card-brokers .v").inner_text() == "3"
+    await page.wait_for_function(
+        "() => document.querySelector('#card-brokers .v').textContent === '3'"
+    )
     await shot(page, "cluster")
 
 
@@ -194,8 +198,8 @@ async def test_balance_page_charts_the_moves(console: Console) -> None:
     page = console.page
     await page.goto(console.url + "/#/balance")
     await page.locator("#balance-chart path.cv").wait_for(state="attached")
+    await page.locator("#history tbody tr").first.wait_for()  # the table loads after the chart
     assert await page.locator("#balance-chart line.move").count() >= 1
-    assert await page.locator("#history tbody tr").count() >= 1
     await shot(page, "balance")
 
 
