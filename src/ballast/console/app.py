@@ -23,7 +23,7 @@ from fastapi.staticfiles import StaticFiles
 
 from ballast.cluster.admin import AdminError
 from ballast.cluster.namespaces import NamespaceAdmin
-from ballast.console.live import BalanceSample, Frame, LiveCluster
+from ballast.console.live import BalanceSample, LiveCluster
 from ballast.console.targets import prometheus_targets
 from ballast.metadata import MetadataError, MetadataUnavailableError
 from ballast.model import Move
@@ -433,4 +433,4 @@ def _sse(event: str, data: Any) -> str:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-__all__ = ["Frame", "bucket_samples", "create_app", "filter_moves"]
+__all__ = ["bucket_samples", "create_app", "filter_moves"]
