@@ -86,6 +86,7 @@ function renderSummary(s) {
   state.summary = s;
   document.body.dataset.version = s.version;
   const b = s.balance || {};
+  $("#leader-decision").textContent = b.leader_decision || "—";
   const states = Object.entries(s.broker_states || {}).map(([k, v]) => `${v} ${k}`).join(", ");
   const cards = [
     ["brokers", s.brokers, states], ["topics", s.topics, ""], ["leader", s.leader || "—", ""],
