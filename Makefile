@@ -5,7 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all demo test lint format unit bench faults clean
+.PHONY: all demo test lint format unit bench faults clean sysdeps screenshots
+
+# System packages the tests drive for real: headless Chromium (the console's browser tests)
+# and Prometheus (the dashboard's series check). Installed only when missing (needs root).
+SYSDEPS := chromium chromium-driver prometheus
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 all: test
 
@@ -14,6 +19,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
+
+sysdeps:
+	@if [ ! -x /usr/bin/chromium ] || ! command -v prometheus >/dev/null 2>&1; then \
+		echo "installing $(SYSDEPS) (apt-get)"; \
+		$(SUDO) apt-get update -q && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SYSDEPS); \
+	fi
 
 demo: $(STAMP)
 	$(BIN)/ballast demo
@@ -27,7 +39,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix src tests benchmarks
 	$(BIN)/ruff format src tests benchmarks
 
-unit: $(STAMP)
+unit: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q
 
 test: lint unit
@@ -36,6 +48,10 @@ test: lint unit
 RUNS ?= 10
 faults: $(STAMP)
 	$(BIN)/python -m tests.faults.run --runs $(RUNS)
+
+# The console's pages, as the README shows them (the browser tests, saving into docs/console).
+screenshots: $(STAMP) sysdeps
+	BALLAST_CONSOLE_SCREENSHOTS=docs/console $(BIN)/python -m pytest -q tests/console/test_browser.py
 
 bench: $(STAMP)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ballast.cli import cluster, data, gateway, namespaces, pipeline, plan, simulate
+from ballast.cli import cluster, console, data, gateway, namespaces, pipeline, plan, simulate
 
 app = typer.Typer(
     name="ballast",
@@ -16,6 +16,7 @@ cluster.register(app)
 namespaces.register(cluster.admin_app)  # namespaces, bundles, anti-affinity, domains
 gateway.register_tokens(cluster.admin_app)
 gateway.register(app)
+console.register(app, cluster.admin_app)
 data.register(app)
 simulate.register(app)
 pipeline.register(app)

@@ -11,7 +11,7 @@ The CLI (`ballast admin …`) is a thin wrapper over this class.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,22 +163,36 @@ def _topic(value: str) -> str:
 
 
 class AdminClient:
-    """Operator commands over `store`. `config` supplies the rebalancing rules for plans."""
+    """Operator commands over `store`. `config` supplies the rebalancing rules for plans.
+
+    `views`, when given, supplies the `ClusterView` that reads and checks use instead of
+    listing the store each time (the console passes the view its watch keeps current;
+    writes stay guarded by their compares either way).
+    """
 
     def __init__(
         self,
         store: MetadataStore,
         clock: Clock | None = None,
         config: BallastConfig | None = None,
+        *,
+        views: Callable[[], Awaitable[ClusterView]] | None = None,
     ) -> None:
         self.store = store
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.config = config if config is not None else BallastConfig()
+        self._views = views
 
     # -- reading -------------------------------------------------------------------------
 
     async def view(self) -> ClusterView:
-        """The cluster as stored right now."""
+        """The cluster as stored right now (or as the `views` source last saw it)."""
+        if self._views is not None:
+            return await self._views()
+        return await self.listed_view()
+
+    async def listed_view(self) -> ClusterView:
+        """The cluster as listed from the store right now."""
         cluster = await self.store.get_prefix(keys.CLUSTER_PREFIX)
         topics = await self.store.get_prefix(keys.TOPICS_PREFIX)
         view, _ = ClusterView.from_listings(cluster, topics)
@@ -225,9 +239,10 @@ class AdminClient:
         view = await self.view()
         now = self.clock.now()
         names = set(view.topics) | set(view.owners) | set(view.markers)
-        return [self._topic_info(view, t, now) for t in sorted(names)]
+        return [self.topic_info(view, t, now) for t in sorted(names)]
 
-    def _topic_info(self, view: ClusterView, topic: str, now: float) -> TopicInfo:
+    def topic_info(self, view: ClusterView, topic: str, now: float) -> TopicInfo:
+        """One topic of `view`: owner, state (assigned, sealing, moving, unassigned), age."""
         owner = view.owner(topic)
         pending = view.markers.get(topic)
         marker = pending.marker if pending is not None else None
@@ -249,7 +264,7 @@ class AdminClient:
         view = await self.view()
         if name not in view.topics and name not in view.owners and name not in view.markers:
             raise AdminError(f"topic {name} does not exist (create it with `topics create`)")
-        info = self._topic_info(view, name, self.clock.now())
+        info = self.topic_info(view, name, self.clock.now())
         marker = info.marker or UnassignedMarker(
             MarkerReason.UNLOAD, from_broker=info.owner, ready=True
         )
