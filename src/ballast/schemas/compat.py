@@ -127,9 +127,14 @@ class _Avro:
                 schema = names[schema]
             elif isinstance(schema, dict) and isinstance(schema.get("type"), dict | list | str):
                 inner = schema["type"]
-                if isinstance(inner, str) and inner not in _NAMED and inner not in (
-                    "array",
-                    "map",
+                if (
+                    isinstance(inner, str)
+                    and inner not in _NAMED
+                    and inner
+                    not in (
+                        "array",
+                        "map",
+                    )
                 ):
                     schema = inner  # {"type": "int", "logicalType": ...}: its base type
                     continue
@@ -161,9 +166,11 @@ class _Avro:
             for branch in r:
                 if not self.reads(branch, w, path):
                     return []
-            return [f"{path}: [union-branch] writer type {wk} matches no branch of the reader union"]
+            return [
+                f"{path}: [union-branch] writer type {wk} matches no branch of the reader union"
+            ]
         if rk in _PROMOTIONS or rk in ("null", "boolean"):
-            if wk == rk or wk in _PROMOTIONS and rk in _PROMOTIONS[wk]:
+            if wk == rk or (wk in _PROMOTIONS and rk in _PROMOTIONS[wk]):
                 return []
             return [f"{path}: [type-mismatch] {wk} cannot be read as {rk}"]
         if rk != wk and not (rk in ("record", "error") and wk in ("record", "error")):
@@ -171,8 +178,10 @@ class _Avro:
         if rk in ("record", "error", "enum", "fixed"):
             rname, wname = str(r.get("name", "")), str(w.get("name", ""))
             aliases = {_short(a) for a in r.get("aliases", ())} | set(r.get("aliases", ()))
-            if _short(rname) != _short(wname) and wname not in aliases and (
-                _short(wname) not in aliases
+            if (
+                _short(rname) != _short(wname)
+                and wname not in aliases
+                and (_short(wname) not in aliases)
             ):
                 return [f"{path}: [name-mismatch] {rk} {wname} cannot be read as {rname}"]
         if rk == "array":

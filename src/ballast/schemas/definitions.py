@@ -91,9 +91,7 @@ def _parse_json_schema(definition: bytes) -> Any:
         cls.check_schema(document)
     except JsonSchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
-        raise _field_error(
-            f"json-schema:{exc.validator}", f"at {where}: {exc.message}"
-        ) from None
+        raise _field_error(f"json-schema:{exc.validator}", f"at {where}: {exc.message}") from None
     return document
 
 
@@ -171,8 +169,10 @@ def _parse_protobuf(definition: bytes) -> ProtoSchema:
         raise _field_error(
             "protobuf-message", f"file {last.name!r} declares no message to validate against"
         )
-    root = f"{last.package}.{last.message_type[0].name}" if last.package else (
-        last.message_type[0].name
+    root = (
+        f"{last.package}.{last.message_type[0].name}"
+        if last.package
+        else (last.message_type[0].name)
     )
     message_class = message_factory.GetMessageClass(pool.FindMessageTypeByName(root))
     canonical = b"".join(f.SerializeToString(deterministic=True) for f in files)

@@ -49,11 +49,11 @@ class SchemaError(ValueError):
 
 
 def _choice(enum: type[StrEnum], value: object, field_name: str) -> Any:
-    text = str(value).strip().lower() if isinstance(value, str) else value
+    text = str(value).strip().lower()
     try:
         return enum(text)
     except ValueError:
-        allowed = ", ".join(m.value for m in enum)  # type: ignore[attr-defined]
+        allowed = ", ".join(str(m.value) for m in enum)
         raise SchemaError(field_name, "unknown-value", f"{value!r}: use one of {allowed}") from None
 
 

@@ -392,6 +392,12 @@ class SubscriptionDispatcher:
         self._advance()
         self.pump()
 
+    def unacked_message(self, offset: int) -> Any | None:
+        """The wire message delivered at `offset` and not yet acked, if any."""
+        owner = self._owner.get(offset)
+        d = owner.unacked.get(offset) if owner is not None else None
+        return d.message if d is not None else None
+
     def nack(self, offset: int, delay_seconds: float) -> None:
         """Give the message to a consumer again after `delay_seconds`."""
         if not self.reliable:
