@@ -16,7 +16,9 @@ import grpc
 import pytest
 from danube import CompatibilityMode, SchemaType
 from google.protobuf import descriptor_pb2
+from typer.testing import CliRunner
 
+from ballast.cli.main import app
 from ballast.metadata import keys
 from ballast.metadata.etcd import EtcdStore
 from ballast.server.gateway import Gateway
@@ -383,3 +385,54 @@ async def test_nack_delay_then_dead_letter_across_a_move(
         await wait_until(acked, 5, "the dead-lettered message to be acked on s1")
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(queue2.get(), 0.5)
+
+
+async def cli(*args: str, ok: bool = True) -> Any:
+    result = await asyncio.to_thread(CliRunner().invoke, app, list(args))
+    if ok:
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output) if "--json" in args else result.output
+    assert result.exit_code != 0
+    return result.output
+
+
+async def test_cli_schemas_topics_and_produce(
+    cluster: DataCluster, etcd_server: Any, tmp_path: Path
+) -> None:
+    etcd = ("--etcd", etcd_server.client_url)
+    v1, v3 = tmp_path / "v1.json", tmp_path / "v3.json"
+    v1.write_bytes(js(USER_V1))
+    v3.write_bytes(js(USER_V3))
+    reg = await cli("admin", "schemas", "register", "users", "--file", str(v1), *etcd, "--json")
+    assert (reg["version"], reg["is_new_version"], reg["schema_type"]) == (1, True, "json_schema")
+    assert "[json-schema" in await cli(
+        "admin", "schemas", "register", "bad", "--schema", '{"type": 5}', *etcd, ok=False
+    )
+    check = await cli("admin", "schemas", "compatibility", "users", "--check", str(v3), *etcd,
+                      "--json", ok=False)  # fmt: skip
+    assert "required-added" in check
+    assert "FAILED" not in check
+    assert (await cli("admin", "schemas", "compatibility", "users", "--set", "none", *etcd,
+                      "--json"))["compatibility"] == "none"  # fmt: skip
+    await cli("admin", "schemas", "register", "users", "--file", str(v3), *etcd)
+    assert [v["version"] for v in await cli("admin", "schemas", "versions", "users", *etcd,
+                                            "--json")] == [1, 2]  # fmt: skip
+    got = await cli("admin", "schemas", "get", "users", "--version", "1", *etcd, "--json")
+    assert json.loads(got["definition"]) == USER_V1
+    listed = await cli("admin", "schemas", "list", *etcd, "--json")
+    assert [(r["subject"], r["versions"]) for r in listed] == [("users", [1, 2])]
+    await cli("admin", "schemas", "delete", "users", "--version", "2", *etcd)
+    bound = await cli("admin", "topics", "set-schema", "/default/cli", "--subject", "users",
+                      "--policy", "enforce", *etcd, "--json")  # fmt: skip
+    assert bound["validation_policy"] == "enforce"
+    shown = await cli("admin", "topics", "schema", "/default/cli", *etcd, "--json")
+    assert (shown["subject"], shown["schema_id"]) == ("users", reg["schema_id"])
+    url = cluster.brokers["b1"].url
+    good = await cli("produce", "--topic", "/default/cli", "--reliable", "--count", "3",
+                     "--schema-subject", "users", "--payload", '{"id": {i}}',
+                     "--service-url", url, "--json")  # fmt: skip
+    assert good["sent"] == 3 and good["failed"] == 0
+    bad = await cli("produce", "--topic", "/default/cli", "--reliable", "--count", "1",
+                    "--schema-subject", "users", "--payload", '{"id": "x"}',
+                    "--service-url", url, "--json", ok=False)  # fmt: skip
+    assert "INVALID_ARGUMENT" in bad and "version 1" in bad

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ballast.cli import cluster, data, gateway, namespaces, pipeline, plan, simulate
+from ballast.cli import cluster, data, gateway, namespaces, pipeline, plan, schemas, simulate
 
 app = typer.Typer(
     name="ballast",
@@ -15,6 +15,7 @@ app = typer.Typer(
 cluster.register(app)
 namespaces.register(cluster.admin_app)  # namespaces, bundles, anti-affinity, domains
 gateway.register_tokens(cluster.admin_app)
+schemas.register(cluster.admin_app)  # schemas; topics set-schema / schema
 gateway.register(app)
 data.register(app)
 simulate.register(app)
