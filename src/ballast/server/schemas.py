@@ -402,6 +402,17 @@ class TopicSchemas:
         self.ttl = ttl
         self._bindings: dict[str, _Binding] = {}
         self._versions: dict[tuple[str, int], SchemaVersion | None] = {}
+        self._counters: dict[tuple[str, str], Any] = {}
+
+    def counted(self, counters: Any, policy: str, outcome: str) -> Any:
+        """The (cached) counter child of one policy and outcome."""
+        key = (policy, outcome)
+        child = self._counters.get(key)
+        if child is None:
+            child = self._counters[key] = counters.schema_checks.labels(
+                policy=policy, outcome=outcome
+            )
+        return child
 
     def forget(self, topic: str) -> None:
         self._bindings.pop(topic, None)
@@ -479,9 +490,9 @@ async def send_check(topics: TopicSchemas, topic: str, message: Any, counters: A
     config, verdict = found
     policy = config.policy.value
     if verdict.error is None:
-        counters.schema_checks.labels(policy=policy, outcome="valid").inc()
+        topics.counted(counters, policy, "valid").inc()
         return
-    counters.schema_checks.labels(policy=policy, outcome="invalid").inc()
+    topics.counted(counters, policy, "invalid").inc()
     text = (
         f"payload refused by topic {topic}: subject {config.subject!r} version "
         f"{verdict.version} (schema id {verdict.schema_id}): {verdict.error}"
