@@ -180,3 +180,38 @@ def test_dead_letter_decision_and_policy() -> None:
     assert named == DeadLetterPolicy(0, "/shop/bad")
     assert not dead_letter_decision(100, named, "/shop/orders")
     assert policy_for(topic, DataPlaneConfig(), {"max_deliveries": "x"}).max_deliveries == 0
+
+
+def test_schema_calls_need_the_right_permission() -> None:
+    from danube.proto import SchemaRegistry_pb2 as spb
+
+    from ballast.config import AuthSettings
+    from ballast.server.auth import AuthError, AuthInterceptor, Permission, TokenAuthority
+
+    authority = TokenAuthority(AuthSettings(mode="jwt", secret="s" * 32))
+    check = AuthInterceptor(authority, lambda rpc, code: None)._check
+
+    def token(perms: dict[str, list[Permission]]) -> list[tuple[str, str]]:
+        return [("authorization", f"Bearer {authority.issue('t', perms)}")]
+
+    producer = token({"shop": [Permission.PRODUCE]})
+    shop_admin = token({"shop": [Permission.ADMIN]})
+    root = token({"*": [Permission.ADMIN]})
+    service = "/danube_schema.SchemaRegistry/"
+    register = spb.RegisterSchemaRequest(subject="s")
+    check(service + "RegisterSchema", register, producer)  # produce somewhere will do
+    check(service + "GetLatestSchema", spb.GetLatestSchemaRequest(subject="s"), producer)
+    with pytest.raises(AuthError) as refused:
+        check(service + "RegisterSchema", register, token({"shop": [Permission.CONSUME]}))
+    assert "lacks the 'produce' permission on every namespace" in refused.value.message
+    configure = spb.ConfigureTopicSchemaRequest(topic_name="/shop/orders", schema_subject="s")
+    check(service + "ConfigureTopicSchema", configure, shop_admin)
+    with pytest.raises(AuthError):
+        check(service + "ConfigureTopicSchema", configure, producer)
+    mode = spb.SetCompatibilityModeRequest(subject="s", compatibility_mode="full")
+    check(service + "SetCompatibilityMode", mode, root)
+    with pytest.raises(AuthError) as denied:
+        check(service + "SetCompatibilityMode", mode, shop_admin)
+    assert "'admin' permission on namespace '*'" in denied.value.message
+    with pytest.raises(AuthError):
+        check(service + "GetSchema", spb.GetSchemaRequest(schema_id=1), [])
