@@ -19,6 +19,17 @@ service to any broker) answers the same, and topics keep their schema across mov
   rule; an incompatible version, or a topic bound to an unknown subject, is
   FAILED_PRECONDITION listing the rules broken; an unknown subject/id/version NOT_FOUND.
 
+Validation policies (a topic's binding): ``none`` checks nothing; ``warn`` validates every
+payload and logs and counts (``ballast_dataplane_schema_checks``) the ones that fail, which
+are stored; ``enforce`` refuses them with INVALID_ARGUMENT naming the subject, version and
+first error, and stores nothing. Under warn and enforce the payload is always validated:
+the client's ``enable_payload_validation`` flag is stored and reported, not needed. A send
+is checked against the version it carries (`schema_version`, stamped by a producer built
+with a schema reference), else the subject's latest, which is then stamped on it, so every
+delivered message of a bound topic names its schema id and version. A message whose
+`schema_id` is not the subject's is refused under enforce. Brokers cache a topic's binding
+for two seconds (a change through another broker or the CLI applies within that).
+
 `TopicSchemas` is the broker's cached view of topic bindings and compiled validators, used
 by SendMessage (the policy check runs before the topic's publish) and CreateProducer.
 """
