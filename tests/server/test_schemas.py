@@ -436,3 +436,24 @@ async def test_cli_schemas_topics_and_produce(
                     "--schema-subject", "users", "--payload", '{"id": "x"}',
                     "--service-url", url, "--json", ok=False)  # fmt: skip
     assert "INVALID_ARGUMENT" in bad and "version 1" in bad
+
+
+async def test_namespace_dead_letter_policy(cluster: DataCluster, etcd_server: Any) -> None:
+    etcd = ("--etcd", etcd_server.client_url)
+    set_ = await cli("admin", "namespaces", "dead-letter", "default", "--max-deliveries", "1",
+                     "--topic", "/default/graveyard", *etcd, "--json")  # fmt: skip
+    assert set_["policy"] == {"max_deliveries": 1, "dead_letter_topic": "/default/graveyard"}
+    client = await new_client(cluster.brokers["b1"].url)
+    p = await producer(client, "/default/jobs")
+    await producer(client, "/default/graveyard", name="creates-it")
+    _, graves = await consumer(client, "/default/graveyard", "g", name="g1")
+    cons, queue = await consumer(client, "/default/jobs", "s")
+    await p.send(b"job-1")
+    msg = await asyncio.wait_for(queue.get(), 10)
+    await cons.nack(msg, reason="first and last")
+    dead = await asyncio.wait_for(graves.get(), 10)
+    assert (dead.payload, dead.attributes[ATTR_REASON]) == (b"job-1", "first and last")
+    assert dead.attributes["x-dlq-deliveries"] == "1"
+    cleared = await cli("admin", "namespaces", "dead-letter", "default", "--clear", *etcd,
+                        "--json")  # fmt: skip
+    assert cleared["policy"] is None

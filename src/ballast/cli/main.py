@@ -16,6 +16,7 @@ cluster.register(app)
 namespaces.register(cluster.admin_app)  # namespaces, bundles, anti-affinity, domains
 gateway.register_tokens(cluster.admin_app)
 schemas.register(cluster.admin_app)  # schemas; topics set-schema / schema
+schemas.register_dead_letters(namespaces.namespaces_app)
 gateway.register(app)
 data.register(app)
 simulate.register(app)

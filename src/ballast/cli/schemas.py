@@ -1,4 +1,5 @@
-"""`ballast admin schemas …` and `ballast admin topics set-schema|schema`.
+"""`ballast admin schemas …`, `ballast admin topics set-schema|schema` and
+`ballast admin namespaces dead-letter` (a namespace's nack policy).
 
 The schema registry lives in the metadata store, so these commands work on it directly
 (``--etcd``), exactly as the brokers' ``danube_schema.SchemaRegistry`` service does (one
@@ -28,12 +29,13 @@ from ballast.cli.cluster import (
     topics_app,
 )
 from ballast.cluster.admin import AdminClient, AdminError
+from ballast.metadata import keys
 from ballast.model import InvalidTopicName, TopicName
 from ballast.schemas import SchemaError, SchemaVersion
 from ballast.server.errors import RpcFailure
 from ballast.server.schemas import SchemaStore
 
-__all__ = ["register", "schemas_app"]
+__all__ = ["register", "register_dead_letters", "schemas_app"]
 
 T = TypeVar("T")
 
@@ -351,3 +353,55 @@ def topics_schema(
 def register(admin_app: typer.Typer) -> None:
     """Add `schemas` to `ballast admin` (the topic commands sit on `admin topics`)."""
     admin_app.add_typer(schemas_app, name="schemas")
+
+
+def register_dead_letters(namespaces_app: typer.Typer) -> None:
+    """Add `dead-letter` to `ballast admin namespaces`."""
+
+    @namespaces_app.command("dead-letter")
+    def ns_dead_letter(
+        namespace: Annotated[str, typer.Argument(help="Namespace name.")],
+        max_deliveries: Annotated[
+            int | None,
+            typer.Option("--max-deliveries", min=0, help="Deliveries before dead-lettering."),
+        ] = None,
+        topic: Annotated[
+            str | None,
+            typer.Option("--topic", help="Dead-letter topic (default: /ns/topic-DLQ)."),
+        ] = None,
+        clear: Annotated[bool, typer.Option("--clear", help="Back to the configuration.")] = False,
+        etcd: EtcdOption = DEFAULT_ETCD,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Show or set a namespace's nack policy (brokers apply it within seconds)."""
+        if topic is not None:
+            _topic(topic)
+
+        async def policy(admin: AdminClient) -> dict[str, Any] | None:
+            key = keys.dead_letter_policy(namespace)
+            if clear:
+                await admin.store.delete(key)
+                return None
+            kv = await admin.store.get(key)
+            current = dict(kv.value) if kv is not None and isinstance(kv.value, dict) else {}
+            if max_deliveries is None and topic is None:
+                return current or None
+            if max_deliveries is not None:
+                current["max_deliveries"] = max_deliveries
+            if topic is not None:
+                current["dead_letter_topic"] = topic
+            await admin.store.put(key, current)
+            return current
+
+        try:
+            found = _run_admin(etcd, None, policy)
+        except ValueError as exc:
+            raise _fail(str(exc), 2) from None
+        if as_json:
+            _emit({"namespace": namespace, "policy": found})
+        elif found is None:
+            _console().print(
+                f"{escape(namespace)}: the configuration's (data_plane.max_deliveries)"
+            )
+        else:
+            _console().print(f"{escape(namespace)}: {escape(str(found))}")
