@@ -332,7 +332,7 @@ async def test_avro_payloads_are_validated(cluster: DataCluster) -> None:
 async def test_nack_delay_then_dead_letter_across_a_move(
     etcd_store: EtcdStore, tmp_path: Path
 ) -> None:
-    config = data_config(tmp_path, data_plane={"max_deliveries": 3})
+    config = data_config(tmp_path, data_plane={"max_deliveries": 4})
     async with DataCluster(etcd_store, config) as c:
         await c.start_broker("b1")
         client = await new_client(c.brokers["b1"].url)
@@ -357,25 +357,30 @@ async def test_nack_delay_then_dead_letter_across_a_move(
         third = await asyncio.wait_for(queue.get(), 10)
         stored = await etcd_store.get(keys.subscription_redeliveries(topic, "s1"))
         assert stored is not None and stored.value["deliveries"] == {"0": 2}
-        # Move the topic: the count (2 deliveries so far) goes with it.
+        # The third delivery is nacked for 4 s, then the topic moves: the count (3) and the
+        # delay go with it.
+        nacked_at = time.monotonic()
+        await cons.nack(third, delay_ms=4000, reason="try later")
         await c.start_broker("b2")
         await c.stop_broker("b1")
         await c.wait_served(topic)
         await cons.close()
         _open.remove(cons)
         client2 = await new_client(c.brokers["b2"].url)
-        cons2, queue2 = await consumer(client2, topic, "s1")
-        again = await asyncio.wait_for(queue2.get(), 15)
-        assert again.msg_id.topic_offset == third.msg_id.topic_offset == 0
         # Someone watches the dead letters (a new subscription starts at the latest).
         await producer(client2, f"{topic}-DLQ", name="creates-the-dlq")
         _, dlq_queue = await consumer(client2, f"{topic}-DLQ", "audit", name="c9")
-        await cons2.nack(again, reason="still broken")  # the third delivery: dead letters
+        cons2, queue2 = await consumer(client2, topic, "s1")
+        again = await asyncio.wait_for(queue2.get(), 15)
+        assert time.monotonic() - nacked_at >= 4.0  # the delay outlived the move
+        assert again.msg_id.topic_offset == 0
+        await cons2.nack(again, reason="still broken")  # the fourth delivery: dead letters
         dead = await asyncio.wait_for(dlq_queue.get(), 15)
         assert dead.payload == b"poison"
         assert dead.attributes[ATTR_TOPIC] == topic
         assert dead.attributes[ATTR_OFFSET] == "0"
         assert dead.attributes[ATTR_REASON] == "still broken"
+        assert dead.attributes["x-dlq-deliveries"] == "4"
         assert dead.attributes["k"] == "v"
         served = c.brokers["b2"].host.topics[topic]
 

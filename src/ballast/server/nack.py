@@ -5,10 +5,12 @@ earlier than `delay_ms` later (the dispatcher's timer), the reason is logged and
 Each nack is one more delivery of that offset on that subscription; the counts live in the
 metadata store (``/topics/{ns}/{topic}/subscriptions/{sub}/redeliveries``, offset ->
 deliveries, updated by compare-and-swap), so they survive the topic's moves: the next owner
-goes on counting. When a nacked message has been delivered `max_deliveries` times it is
-published to the dead-letter topic (``/{ns}/{topic}-DLQ``, or the namespace policy's topic)
-with attributes naming its origin, and acknowledged on the original subscription (only
-after the dead-letter topic took it: a failure means an ordinary redelivery instead).
+goes on counting, and a nack's delay still running when the topic moves holds the message
+on the next owner too (``not_before``, in the same record). When a nacked message has
+been delivered `max_deliveries` times it is published to the dead-letter topic
+(``/{ns}/{topic}-DLQ``, or the namespace policy's topic) with attributes naming its
+origin, and acknowledged on the original subscription (only after the dead-letter topic
+took it: a failure means an ordinary redelivery instead).
 
 The limit comes from the namespace's policy record (``/policies/dead_letter/{ns}``:
 ``{max_deliveries, dead_letter_topic?}``), else `data_plane.max_deliveries` (0: no limit).
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +83,18 @@ def policy_for(topic: TopicName, config: DataPlaneConfig, record: Any) -> DeadLe
     return DeadLetterPolicy(limit, target)
 
 
+def _offsets(raw: Any, cursor: int) -> dict[str, Any]:
+    """offset -> number of a stored map, without offsets at or below `cursor` (acked)."""
+    if not isinstance(raw, dict):
+        return {}
+    return {
+        k: v
+        for k, v in raw.items()
+        if isinstance(k, str) and k.isdigit() and int(k) > cursor
+        and isinstance(v, int | float) and not isinstance(v, bool)
+    }  # fmt: skip
+
+
 def dead_letter_decision(deliveries: int, policy: DeadLetterPolicy, topic: str) -> bool:
     """Whether a message nacked after `deliveries` deliveries goes to the dead letters."""
     return (
@@ -118,6 +133,7 @@ class NackHandler:
         self.config: DataPlaneConfig = host.settings
         self._policies: dict[str, tuple[float, Any]] = {}
         self._reasons: set[str] = set()
+        self._restored: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
     async def policy(self, topic: TopicName) -> DeadLetterPolicy:
         """The topic's policy (namespace records are re-read every few seconds)."""
@@ -152,7 +168,7 @@ class NackHandler:
             served.nack(subscription, offset, delay)
             return
         topic = TopicName.parse(served.name)
-        deliveries = await self._record(topic, subscription, offset, dispatcher.cursor)
+        deliveries = await self._record(topic, subscription, offset, dispatcher.cursor, delay)
         log.info(
             "%s: nack of %s offset %d on %s (delivery %d, redeliver in %.3fs): %s",
             self.host.broker_id,
@@ -185,24 +201,46 @@ class NackHandler:
             return
         served.nack(subscription, offset, delay)
 
-    async def _record(self, topic: TopicName, subscription: str, offset: int, cursor: int) -> int:
-        """Add one delivery of `offset`; the deliveries so far (forgets acked offsets)."""
+    async def _record(
+        self, topic: TopicName, subscription: str, offset: int, cursor: int, delay: float
+    ) -> int:
+        """Add one delivery of `offset` (and when it may come again); the deliveries so far.
+
+        Offsets acked since (at or below the cursor) and holds already over are forgotten.
+        """
         key = keys.subscription_redeliveries(topic, subscription)
         for _ in range(_CAS_ATTEMPTS):
+            now = self.clock.now()
             kv = await self.store.get(key)
-            counts: dict[str, int] = {}
-            if kv is not None and isinstance(kv.value, dict):
-                counts = {
-                    k: int(v)
-                    for k, v in kv.value.get("deliveries", {}).items()
-                    if k.isdigit() and int(k) > cursor and isinstance(v, int)
-                }
-            deliveries = counts.get(str(offset), 0) + 1
+            value = kv.value if kv is not None and isinstance(kv.value, dict) else {}
+            counts = _offsets(value.get("deliveries"), cursor)
+            holds = {k: v for k, v in _offsets(value.get("not_before"), cursor).items() if v > now}
+            deliveries = int(counts.get(str(offset), 0)) + 1
             counts[str(offset)] = deliveries
+            if delay > 0:
+                holds[str(offset)] = now + delay
+            else:
+                holds.pop(str(offset), None)
             revision = kv.mod_revision if kv is not None else 0
-            if await self.store.compare_and_swap(key, revision, {"deliveries": counts}):
+            record = {"deliveries": counts, "not_before": holds}
+            if await self.store.compare_and_swap(key, revision, record):
                 return deliveries
         return 1
+
+    async def restore_holds(self, served: Any, subscription: str) -> None:
+        """A subscription opened here after a move: nack delays still running elsewhere
+        hold their messages here too (each dispatcher once)."""
+        dispatcher = served.subscriptions.get(subscription)
+        if not served.reliable or dispatcher is None or id(dispatcher) in self._restored:
+            return
+        self._restored[id(dispatcher)] = dispatcher
+        kv = await self.store.get(keys.subscription_redeliveries(served.name, subscription))
+        if kv is None or not isinstance(kv.value, dict):
+            return
+        now = self.clock.now()
+        for offset, due in _offsets(kv.value.get("not_before"), dispatcher.cursor).items():
+            if due > now:
+                dispatcher.hold(int(offset), due - now)
 
     async def deliveries(self, topic: TopicName, subscription: str) -> dict[int, int]:
         """The recorded delivery counts of a subscription's nacked messages."""

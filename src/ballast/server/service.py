@@ -322,6 +322,7 @@ class DataPlaneService(
             self.host.clock.now(),
         )
         self.host.add_consumer(handle)
+        await self.nacks.restore_holds(served, request.subscription)
         return pb.ConsumerResponse(
             request_id=request.request_id, consumer_id=handle.id, consumer_name=handle.name
         )
