@@ -310,6 +310,10 @@ class Gateway(Served, grpc.GenericRpcHandler):
         """The schema registry lives in the metadata store: any broker answers it."""
 
         async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.settings.lookup_wait_seconds
+            while self.table.any_broker() is None and loop.time() < deadline:
+                await self.table.changed(0.2)  # no broker registered yet (or just now)
             return await self._unary(method, request, context)
 
         return grpc.unary_unary_rpc_method_handler(forward)
