@@ -414,6 +414,7 @@ class TopicSchemas:
         self._bindings: dict[str, _Binding] = {}
         self._versions: dict[tuple[str, int], SchemaVersion | None] = {}
         self._counters: dict[tuple[str, str], Any] = {}
+        self._refreshing: set[str] = set()
 
     def counted(self, counters: Any, policy: str, outcome: str) -> Any:
         """The (cached) counter child of one policy and outcome."""
@@ -429,10 +430,19 @@ class TopicSchemas:
         self._bindings.pop(topic, None)
 
     async def binding(self, topic: str) -> _Binding:
+        """The topic's binding; once stale, one caller re-reads it while the others go on
+        with the stale one (no herd of identical reads under load)."""
         now = self.clock.now()
         cached = self._bindings.get(topic)
-        if cached is not None and now - cached.fetched < self.ttl:
+        if cached is not None and (now - cached.fetched < self.ttl or topic in self._refreshing):
             return cached
+        self._refreshing.add(topic)
+        try:
+            return await self._fetch(topic, now)
+        finally:
+            self._refreshing.discard(topic)
+
+    async def _fetch(self, topic: str, now: float) -> _Binding:
         name = TopicName.parse(topic)
         config = await self.schemas.topic_config(name)
         binding = _Binding(config, now)
