@@ -462,3 +462,23 @@ async def test_namespace_dead_letter_policy(cluster: DataCluster, etcd_server: A
     cleared = await cli("admin", "namespaces", "dead-letter", "default", "--clear", *etcd,
                         "--json")  # fmt: skip
     assert cleared["policy"] is None
+
+
+async def test_ids_and_versions_are_unique_under_concurrent_registrations(
+    etcd_store: EtcdStore,
+) -> None:
+    from ballast.clock import SystemClock
+    from ballast.server.schemas import SchemaStore
+
+    brokers = [SchemaStore(etcd_store, SystemClock()) for _ in range(3)]  # three brokers
+    subjects = [f"s{i}" for i in range(12)]
+    created = await asyncio.gather(
+        *(brokers[i % 3].register(s, "string", b"x") for i, s in enumerate(subjects))
+    )
+    assert sorted(v.schema_id for v, _ in created) == list(range(1, 13))
+    await brokers[0].set_mode("s0", "none")
+    versions = await asyncio.gather(
+        *(brokers[i % 3].register("s0", "string", f"v{i}".encode()) for i in range(6))
+    )
+    assert sorted(v.version for v, _ in versions) == [2, 3, 4, 5, 6, 7]
+    assert {v.schema_id for v, _ in versions} == {created[0][0].schema_id}
