@@ -481,3 +481,18 @@ async def test_ids_and_versions_are_unique_under_concurrent_registrations(
     )
     assert sorted(v.version for v, _ in versions) == [2, 3, 4, 5, 6, 7]
     assert {v.schema_id for v, _ in versions} == {created[0][0].schema_id}
+
+
+async def test_dispatcher_holds_an_offset_for_a_delay_that_outlived_a_move() -> None:
+    from ballast.server.dispatch import Delivery, SubscriptionDispatcher
+
+    d = SubscriptionDispatcher("s", "exclusive", window=10, reliable=True, buffer=100)
+    d.hold(1, 0.2)  # before the reader offers it
+    d.offer(Delivery(0, None, "k", 1))
+    d.offer(Delivery(1, None, "k", 1))
+    d.offer(Delivery(2, None, "k", 1))
+    d.hold(2, 0.2)  # after: taken out of the queue
+    assert d.waiting == 1  # offset 0 only
+    await asyncio.sleep(0.3)
+    assert d.waiting == 3
+    assert d.cursor == -1  # held offsets were never acked
