@@ -215,3 +215,21 @@ def test_schema_calls_need_the_right_permission() -> None:
     assert "'admin' permission on namespace '*'" in denied.value.message
     with pytest.raises(AuthError):
         check(service + "GetSchema", spb.GetSchemaRequest(schema_id=1), [])
+
+
+def test_schema_keys() -> None:
+    from ballast.metadata import keys
+
+    assert keys.schema_subject("users") == "/schemas/subjects/users/meta"
+    assert keys.schema_version("users", 3) == "/schemas/subjects/users/versions/0000000003"
+    assert keys.parse_schema_version_key(keys.schema_version("users", 3)) == ("users", 3)
+    assert keys.parse_schema_subject_key(keys.schema_subject("users")) == "users"
+    assert keys.schema_id(7) == "/schemas/ids/00000000000000000007"
+    assert keys.topic_schema("/default/t") == "/topics/default/t/schema"
+    assert keys.dead_letter_policy("shop") == "/policies/dead_letter/shop"
+    for bad in (lambda: keys.schema_subject("a/b"), lambda: keys.schema_version("s", 0),
+                lambda: keys.schema_id(0)):  # fmt: skip
+        with pytest.raises(ValueError):
+            bad()
+    with pytest.raises(keys.KeyLayoutError):
+        keys.parse_schema_version_key("/schemas/subjects/users/versions/3")
