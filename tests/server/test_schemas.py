@@ -496,3 +496,43 @@ async def test_dispatcher_holds_an_offset_for_a_delay_that_outlived_a_move() -> 
     await asyncio.sleep(0.3)
     assert d.waiting == 3
     assert d.cursor == -1  # held offsets were never acked
+
+
+async def test_pinned_and_minimum_versions(cluster: DataCluster) -> None:
+    client = await new_client(cluster.brokers["b1"].url)
+    schema = client.schema()
+    for doc in (USER_V1, USER_V2):
+        await (
+            schema.register_schema("users")
+            .with_type(SchemaType.JSON_SCHEMA)
+            .with_schema_data(js(doc))
+            .execute()
+        )
+    topic = "/default/pinned"
+    await schema.configure_topic_schema(topic, "users", "enforce")
+
+    def builder(name: str) -> Any:
+        return (
+            client.new_producer()
+            .with_topic(topic)
+            .with_name(name)
+            .with_dispatch_strategy(DispatchStrategy.RELIABLE)
+        )
+
+    pinned = builder("v1").with_schema_version("users", 1).build()
+    await pinned.create()
+    _open.append(pinned)
+    latest = builder("v2").with_schema_min_version("users", 2).build()
+    await latest.create()
+    _open.append(latest)
+    _, queue = await consumer(client, topic, "s")
+    # Version 1 does not know "email"; version 2 wants a string there.
+    await pinned.send(js({"id": 1, "email": 5}))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await latest.send(js({"id": 2, "email": 5}))
+    assert "version 2" in refused.value.details()
+    got = await asyncio.wait_for(queue.get(), 10)
+    assert (got.schema_version, json.loads(got.payload)["id"]) == (1, 1)
+    too_new = builder("v3").with_schema_min_version("users", 3).build()
+    with pytest.raises(ValueError, match="does not meet minimum 3"):
+        await too_new.create()
