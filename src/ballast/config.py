@@ -259,6 +259,11 @@ class DataPlaneConfig(_Strict):
     relay_moving_consumers: bool = True  # feed that stream from the new owner meanwhile
     non_reliable_queue: int = Field(10_000, gt=0)  # per subscription; older messages drop
     auto_create_topics: bool = True
+    # Nack: a message delivered this many times (0: no limit) goes to the dead-letter topic
+    # `/{ns}/{topic}{dead_letter_suffix}` (a namespace's `/policies/dead_letter/{ns}`
+    # record overrides both), carrying its original offset and the nack reason.
+    max_deliveries: int = Field(0, ge=0)
+    dead_letter_suffix: str = Field("-DLQ", pattern=r"^[A-Za-z0-9_.\-]{1,32}$")
 
 
 class StorageSettings(_Strict):

@@ -45,6 +45,8 @@ async def wipe(store: MetadataStore) -> None:
         keys.TOPICS_PREFIX,
         keys.STORAGE_PREFIX,
         keys.NAMESPACES_PREFIX,
+        keys.SCHEMAS_PREFIX,
+        keys.POLICIES_PREFIX,
     ):
         await store.delete_prefix(prefix)
     await store.delete(keys.OBJECT_STORE)  # each test has its own object store

@@ -115,8 +115,15 @@ async def produce(
     name: str,
     quiet: bool = False,
     security: ClientSecurity | None = None,
+    schema_subject: str | None = None,
+    payload_template: str | None = None,
 ) -> ProduceSummary:
-    """Send `count` messages (0: until interrupted) at up to `rate` per second."""
+    """Send `count` messages (0: until interrupted) at up to `rate` per second.
+
+    With `schema_subject` the producer resolves the subject's latest version (and stamps
+    it on every message); `payload_template` (``{i}`` is the sequence number) gives the
+    payload instead of the default filler, e.g. ``'{"id": {i}}'`` for a JSON schema.
+    """
     from danube import DanubeClientBuilder, DispatchStrategy
 
     client = (
@@ -129,6 +136,8 @@ async def produce(
         builder = builder.with_dispatch_strategy(DispatchStrategy.RELIABLE)
     if partitions:
         builder = builder.with_partitions(partitions)
+    if schema_subject:
+        builder = builder.with_schema_subject(schema_subject)
     producer = builder.build()
     await producer.create()
     progress = Progress("produced")
@@ -144,7 +153,10 @@ async def produce(
                 delay = progress.started + i / rate - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-            payload = f"{i:015d} ".encode() + padding
+            if payload_template is not None:
+                payload = payload_template.replace("{i}", str(i)).encode()
+            else:
+                payload = f"{i:015d} ".encode() + padding
             try:
                 await producer.send(payload, {"seq": str(i)})
                 progress.add(len(payload))
@@ -314,6 +326,14 @@ def register(app: typer.Typer) -> None:
             int, typer.Option("--partitions", min=0, help="Publish to N partitions.")
         ] = 0,
         name: Annotated[str | None, typer.Option("--name", help="Producer name.")] = None,
+        schema_subject: Annotated[
+            str | None,
+            typer.Option("--schema-subject", help="Produce with this subject's latest schema."),
+        ] = None,
+        payload: Annotated[
+            str | None,
+            typer.Option("--payload", help="Payload text; {i} is the sequence number."),
+        ] = None,
         service_url: ServiceUrlOption = DEFAULT_SERVICE_URL,
         as_json: JsonOption = False,
         tls_ca: TlsCaOption = None,
@@ -335,6 +355,8 @@ def register(app: typer.Typer) -> None:
                     partitions=partitions,
                     name=name or f"ballast-produce-{os.getpid()}",
                     security=security,
+                    schema_subject=schema_subject,
+                    payload_template=payload,
                 )
             )
         except Exception as exc:

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import typer
 
-from ballast.cli import cluster, console, data, gateway, namespaces, pipeline, plan, simulate
+from ballast.cli import (
+    cluster,
+    console,
+    data,
+    gateway,
+    namespaces,
+    pipeline,
+    plan,
+    schemas,
+    simulate,
+)
 
 app = typer.Typer(
     name="ballast",
@@ -15,6 +25,8 @@ app = typer.Typer(
 cluster.register(app)
 namespaces.register(cluster.admin_app)  # namespaces, bundles, anti-affinity, domains
 gateway.register_tokens(cluster.admin_app)
+schemas.register(cluster.admin_app)  # schemas; topics set-schema / schema
+schemas.register_dead_letters(namespaces.namespaces_app)
 gateway.register(app)
 console.register(app, cluster.admin_app)
 data.register(app)

@@ -28,6 +28,13 @@ a foreign key instead of crashing.
 | `anti_affinity_group(ns)` | ``/cluster/anti_affinity/{ns}`` (`{group}`) |
 | `failure_domain(d)` | ``/cluster/failure_domains/{d}`` (`{brokers: [...]}`) |
 | `namespace(ns)` | ``/namespaces/{ns}`` |
+| `topic_schema(t)` | ``/topics/{ns}/{topic}/schema`` (`{subject, validation_policy, …}`) |
+| `subscription_redeliveries(t, s)` | ``/topics/{ns}/{topic}/subscriptions/{s}/redeliveries`` |
+| `dead_letter_policy(ns)` | ``/policies/dead_letter/{ns}`` (`{max_deliveries, …}`) |
+| `SCHEMA_ID_COUNTER` | ``/schemas/next_id`` (`{next}`: allocated by compare-and-swap) |
+| `schema_subject(subj)` | ``/schemas/subjects/{subj}/meta`` (`{schema_id, compatibility}`) |
+| `schema_version(subj, v)` | ``/schemas/subjects/{subj}/versions/{v:010}`` |
+| `schema_id(id)` | ``/schemas/ids/{id:020}`` (`{subject}`: the id's subject) |
 """
 
 from __future__ import annotations
@@ -50,7 +57,11 @@ __all__ = [
     "NAMESPACES_PREFIX",
     "OBJECT_STORE",
     "OWNERS_PREFIX",
+    "POLICIES_PREFIX",
     "REGISTER_PREFIX",
+    "SCHEMAS_PREFIX",
+    "SCHEMA_ID_COUNTER",
+    "SCHEMA_SUBJECTS_PREFIX",
     "STORAGE_PREFIX",
     "TOPICS_PREFIX",
     "UNASSIGNED_PREFIX",
@@ -61,6 +72,7 @@ __all__ = [
     "broker_assignments_prefix",
     "broker_prefix",
     "broker_state",
+    "dead_letter_policy",
     "failure_domain",
     "is_broker_state_key",
     "is_topic_meta_key",
@@ -78,6 +90,8 @@ __all__ = [
     "parse_load_key",
     "parse_namespace_key",
     "parse_register_key",
+    "parse_schema_subject_key",
+    "parse_schema_version_key",
     "parse_storage_object_key",
     "parse_subscription_cursor_key",
     "parse_topic_meta_key",
@@ -85,15 +99,22 @@ __all__ = [
     "parse_unassigned_key",
     "rebalancing_history",
     "register",
+    "schema_id",
+    "schema_subject",
+    "schema_subject_prefix",
+    "schema_version",
+    "schema_versions_prefix",
     "storage_object",
     "storage_objects_prefix",
     "storage_state",
     "storage_topic_prefix",
     "subscription_cursor",
+    "subscription_redeliveries",
     "subscriptions_prefix",
     "topic_meta",
     "topic_owner",
     "topic_prefix",
+    "topic_schema",
     "unassigned",
 ]
 
@@ -116,6 +137,14 @@ BUNDLES_PREFIX = "/cluster/bundles/"
 ANTI_AFFINITY_PREFIX = "/cluster/anti_affinity/"
 FAILURE_DOMAINS_PREFIX = "/cluster/failure_domains/"
 NAMESPACES_PREFIX = "/namespaces/"
+# Per-namespace dead-letter policies and the schema registry (issue 22).
+POLICIES_PREFIX = "/policies/"
+SCHEMAS_PREFIX = "/schemas/"
+SCHEMA_SUBJECTS_PREFIX = "/schemas/subjects/"
+SCHEMA_IDS_PREFIX = "/schemas/ids/"
+SCHEMA_ID_COUNTER = "/schemas/next_id"
+_VERSION_DIGITS = 10
+_VERSION_RE = re.compile(rf"^\d{{{_VERSION_DIGITS}}}$")
 
 # Widths chosen so that lexicographic key order equals numeric order: 15 digits of
 # milliseconds reach year 33658; 20 digits hold any unsigned 64-bit offset.
@@ -478,3 +507,83 @@ def failure_domain(domain: str) -> str:
 def parse_failure_domain_key(key: str) -> str:
     (domain,) = _segments(key, FAILURE_DOMAINS_PREFIX, 1, "a failure-domain")
     return domain
+
+
+# -- the schema registry -----------------------------------------------------------------
+
+
+def _subject(subject: str) -> str:
+    if not isinstance(subject, str) or not _SUBSCRIPTION_RE.match(subject):
+        raise ValueError(
+            f"invalid schema subject {subject!r}: must be 1-128 characters of letters, "
+            "digits, '_', '.', '-' and start with a letter or digit"
+        )
+    return subject
+
+
+def schema_subject_prefix(subject: str) -> str:
+    """Prefix of everything stored about one subject (its record and its versions)."""
+    return f"{SCHEMA_SUBJECTS_PREFIX}{_subject(subject)}/"
+
+
+def schema_subject(subject: str) -> str:
+    """Record of a subject: its cluster-wide id and compatibility mode."""
+    return f"{schema_subject_prefix(subject)}meta"
+
+
+def parse_schema_subject_key(key: str) -> str:
+    """Subject of a ``/schemas/subjects/{subject}/meta`` key."""
+    subject, leaf = _segments(key, SCHEMA_SUBJECTS_PREFIX, 2, "a schema-subject")
+    if leaf != "meta":
+        raise KeyLayoutError(f"{key!r} is not a schema-subject key: expected it to end in /meta")
+    return subject
+
+
+def schema_versions_prefix(subject: str) -> str:
+    """Prefix of a subject's versions (sorted by version number)."""
+    return f"{schema_subject_prefix(subject)}versions/"
+
+
+def schema_version(subject: str, version: int) -> str:
+    """One version of a subject (10-digit, sortable)."""
+    if (
+        not isinstance(version, int)
+        or isinstance(version, bool)
+        or not 0 < version < 10**_VERSION_DIGITS
+    ):
+        raise ValueError(f"invalid schema version {version!r}: expected an integer >= 1")
+    return f"{schema_versions_prefix(subject)}{version:0{_VERSION_DIGITS}d}"
+
+
+def parse_schema_version_key(key: str) -> tuple[str, int]:
+    """(subject, version) of a schema-version key."""
+    what = "a schema-version"
+    subject, middle, version = _segments(key, SCHEMA_SUBJECTS_PREFIX, 3, what)
+    if middle != "versions" or not _VERSION_RE.match(version):
+        raise KeyLayoutError(
+            f"{key!r} is not {what} key: expected /schemas/subjects/SUBJECT/versions/"
+            f"{{{_VERSION_DIGITS} digit version}}"
+        )
+    return subject, int(version)
+
+
+def schema_id(schema_id: int) -> str:
+    """Index entry of a schema id (its subject); ids are unique cluster-wide."""
+    if not isinstance(schema_id, int) or isinstance(schema_id, bool) or not 0 < schema_id < 2**64:
+        raise ValueError(f"invalid schema id {schema_id!r}: expected an integer >= 1")
+    return f"{SCHEMA_IDS_PREFIX}{schema_id:0{_OFFSET_DIGITS}d}"
+
+
+def topic_schema(topic: TopicLike) -> str:
+    """A topic's schema binding: subject and validation policy."""
+    return f"{topic_prefix(topic)}schema"
+
+
+def subscription_redeliveries(topic: TopicLike, subscription: str) -> str:
+    """Delivery counts of the nacked messages of a subscription (offset -> deliveries)."""
+    return f"{subscriptions_prefix(topic)}{_subscription(subscription)}/redeliveries"
+
+
+def dead_letter_policy(namespace: str) -> str:
+    """A namespace's nack policy: maximum deliveries and dead-letter topic."""
+    return f"{POLICIES_PREFIX}dead_letter/{_namespace(namespace)}"

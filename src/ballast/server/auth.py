@@ -19,7 +19,10 @@ A token is a JWT (HS256 with a shared secret, or RS256 with a key pair) whose cl
 What each call needs: TopicLookup / TopicPartitions any permission on the topic's
 namespace; CreateProducer and SendMessage ``produce``; Subscribe, Ack and Nack
 ``consume``; ReceiveMessages and HealthCheck a valid token (they carry only an id that a
-checked CreateProducer or Subscribe handed out).
+checked CreateProducer or Subscribe handed out). The schema registry: reads a valid
+token; RegisterSchema ``produce`` on some namespace; SetCompatibilityMode and
+DeleteSchemaVersion ``admin`` on ``*``; ConfigureTopicSchema and
+UpdateTopicValidationPolicy ``admin`` on the topic's namespace.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 
 import grpc
 import jwt
+from danube.proto import SchemaRegistry_pb2 as spb
 
 from ballast.config import AuthSettings
 from ballast.server.protocol import pb
@@ -221,6 +225,16 @@ class TokenAuthority:
                 "no token: send 'authorization: Bearer <jwt>' (the client's with_token)",
             )
         claims = self.verify(token)
+        if namespace == SOME_NAMESPACE:
+            granted = any(claims.allows(ns, needed) for ns in claims.permissions)
+            if not granted and needed:
+                wanted = " or ".join(p.value for p in needed)
+                raise AuthError(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"token of {claims.subject!r} lacks the {wanted!r} permission on every "
+                    "namespace",
+                )
+            return claims
         if namespace is not None and needed and not claims.allows(namespace, needed):
             wanted = " or ".join(p.value for p in needed)
             raise AuthError(
@@ -273,6 +287,44 @@ RULES: dict[str, tuple[Any, Callable[[Any], str] | None, tuple[Permission, ...]]
     "/danube.ConsumerService/ReceiveMessages": (pb.ReceiveRequest, None, ()),
     "/danube.HealthCheck/HealthCheck": (pb.HealthCheckRequest, None, ()),
 }
+
+
+# The schema registry (subjects are cluster-wide): reading needs a valid token;
+# registering needs ``produce`` on some namespace; changing a subject's mode or deleting a
+# version needs ``admin`` on every namespace (``*``); binding a topic needs ``admin`` on
+# the topic's namespace.
+_SCHEMA = "/danube_schema.SchemaRegistry/"
+_ADMIN = (Permission.ADMIN,)
+SOME_NAMESPACE = "\x00some"  # the permission on any one namespace will do
+ALL_NAMESPACES = ANY_NAMESPACE
+
+
+def _some(request: Any) -> str:
+    return "/" + SOME_NAMESPACE + "/x"
+
+
+def _all(request: Any) -> str:
+    return "/" + ALL_NAMESPACES + "/x"
+
+
+RULES.update(
+    {
+        _SCHEMA + "RegisterSchema": (spb.RegisterSchemaRequest, _some, _PRODUCE),
+        _SCHEMA + "GetSchema": (spb.GetSchemaRequest, None, ()),
+        _SCHEMA + "GetLatestSchema": (spb.GetLatestSchemaRequest, None, ()),
+        _SCHEMA + "ListVersions": (spb.ListVersionsRequest, None, ()),
+        _SCHEMA + "CheckCompatibility": (spb.CheckCompatibilityRequest, None, ()),
+        _SCHEMA + "GetTopicSchemaConfig": (spb.GetTopicSchemaConfigRequest, _topic_name, _ANY),
+        _SCHEMA + "SetCompatibilityMode": (spb.SetCompatibilityModeRequest, _all, _ADMIN),
+        _SCHEMA + "DeleteSchemaVersion": (spb.DeleteSchemaVersionRequest, _all, _ADMIN),
+        _SCHEMA + "ConfigureTopicSchema": (spb.ConfigureTopicSchemaRequest, _topic_name, _ADMIN),
+        _SCHEMA + "UpdateTopicValidationPolicy": (
+            spb.UpdateTopicValidationPolicyRequest,
+            _topic_name,
+            _ADMIN,
+        ),
+    }
+)
 
 
 def _namespace(topic: str) -> str | None:

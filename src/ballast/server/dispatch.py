@@ -215,6 +215,7 @@ class SubscriptionDispatcher:
         self._read_through = start_cursor  # highest offset offered so far
         self._pending: list[int] = []  # heap of offered offsets not yet acked
         self._acked: set[int] = set()  # acked offsets still in the heap (or not yet offered)
+        self._holds: dict[int, float] = {}  # offset -> seconds to hold it when offered
 
     # -- consumers -----------------------------------------------------------------------
 
@@ -307,6 +308,9 @@ class SubscriptionDispatcher:
                 self._advance()
                 return
             heapq.heappush(self._pending, d.offset)
+            if self._holds and d.offset in self._holds:
+                self._later(self._holds.pop(d.offset), d)
+                return
         elif len(self._fresh) >= self.buffer:
             self._fresh.popleft()
             self.dropped += 1
@@ -392,6 +396,32 @@ class SubscriptionDispatcher:
         self._advance()
         self.pump()
 
+    def unacked_message(self, offset: int) -> Any | None:
+        """The wire message delivered at `offset` and not yet acked, if any."""
+        owner = self._owner.get(offset)
+        d = owner.unacked.get(offset) if owner is not None else None
+        return d.message if d is not None else None
+
+    def hold(self, offset: int, delay_seconds: float) -> None:
+        """Give `offset` to no consumer before `delay_seconds` from now (a nack's delay
+        that outlived a move: the previous owner's timer is gone)."""
+        if not self.reliable or delay_seconds <= 0 or offset <= self.cursor:
+            return
+        for source in (self._fresh, self._redeliver):
+            for d in source:
+                if d.offset == offset:
+                    source.remove(d)
+                    self._later(delay_seconds, d)
+                    return
+        self._holds[offset] = delay_seconds
+
+    def _later(self, delay_seconds: float, d: Delivery) -> None:
+        def due() -> None:
+            self.requeue([d])
+            self.pump()
+
+        self.schedule(delay_seconds, due)
+
     def nack(self, offset: int, delay_seconds: float) -> None:
         """Give the message to a consumer again after `delay_seconds`."""
         if not self.reliable:
@@ -406,12 +436,7 @@ class SubscriptionDispatcher:
             self.requeue([d])
             self.pump()
             return
-
-        def due() -> None:
-            self.requeue([d])
-            self.pump()
-
-        self.schedule(delay_seconds, due)
+        self._later(delay_seconds, d)
 
     def schedule(self, delay: float, fn: Callable[[], None]) -> None:
         """Run `fn` after `delay` seconds, unless the subscription closes first."""

@@ -10,6 +10,8 @@ address:
   ``broker_url`` = the owner's. While the owner is unreachable (killed, its registration
   lease not yet expired) or the topic waits for a new owner, the lookup waits (up to
   `gateway.lookup_wait_seconds`) and answers with the new owner.
+- **SchemaRegistry calls** (``danube_schema.SchemaRegistry``) go to any registered broker:
+  the registry is in the metadata store.
 - **Every other call** is forwarded to the broker named in the ``x-danube-broker-url``
   header (one channel per broker, payloads passed through as bytes); without the header
   it goes to the topic's owner.
@@ -69,6 +71,7 @@ _RECEIVE = "/danube.ConsumerService/ReceiveMessages"
 _ACK = "/danube.ConsumerService/Ack"
 _NACK = "/danube.ConsumerService/Nack"
 _HEALTH = "/danube.HealthCheck/HealthCheck"
+_SCHEMA_REGISTRY = "/danube_schema.SchemaRegistry/"
 
 
 @dataclass(frozen=True)
@@ -297,7 +300,23 @@ class Gateway(Served, grpc.GenericRpcHandler):
     # -- serving ---------------------------------------------------------------------------
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
-        return self._handlers.get(handler_call_details.method)
+        method = handler_call_details.method
+        handler = self._handlers.get(method)
+        if handler is None and method.startswith(_SCHEMA_REGISTRY):
+            handler = self._handlers[method] = self._schema_handler(method)
+        return handler
+
+    def _schema_handler(self, method: str) -> Any:
+        """The schema registry lives in the metadata store: any broker answers it."""
+
+        async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.settings.lookup_wait_seconds
+            while self.table.any_broker() is None and loop.time() < deadline:
+                await self.table.changed(0.2)  # no broker registered yet (or just now)
+            return await self._unary(method, request, context)
+
+        return grpc.unary_unary_rpc_method_handler(forward)
 
     async def start(self) -> str:
         """Bind, follow the metadata store and serve; returns the advertised address."""

@@ -33,6 +33,23 @@ class DataPlaneMetrics:
             "Assigned topics whose storage could not be opened",
             registry=r,
         )
+        self.schema_checks = Counter(
+            "ballast_dataplane_schema_checks",
+            "Sends checked against their topic's schema, by policy and outcome",
+            ["policy", "outcome"],
+            registry=r,
+        )
+        self.nacks = Counter(
+            "ballast_dataplane_nacks",
+            "Messages nacked by consumers, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.dead_lettered = Counter(
+            "ballast_dataplane_dead_lettered",
+            "Messages moved to a dead-letter topic after their last allowed delivery",
+            registry=r,
+        )
         self.producers = Gauge(
             "ballast_dataplane_producers", "Producers registered on this broker", registry=r
         )

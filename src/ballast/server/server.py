@@ -17,6 +17,7 @@ from ballast.aio import Served, cancel_and_wait
 from ballast.config import BallastConfig
 from ballast.server.host import DataPlaneHost
 from ballast.server.protocol import pb_grpc
+from ballast.server.schemas import SchemaRegistryService, spb_grpc
 from ballast.server.security import interceptors, server_credentials
 from ballast.server.service import DataPlaneService
 
@@ -40,7 +41,7 @@ def split_url(url: str) -> tuple[str, int]:
 
 
 class DataPlaneServer(Served):
-    """Serves Discovery, ProducerService, ConsumerService and HealthCheck."""
+    """Serves Discovery, ProducerService, ConsumerService, HealthCheck and SchemaRegistry."""
 
     def __init__(
         self, host: DataPlaneHost, config: BallastConfig, bind: str, *, grace: float = 1.0
@@ -88,6 +89,8 @@ class DataPlaneServer(Served):
         pb_grpc.add_ProducerServiceServicer_to_server(service, server)
         pb_grpc.add_ConsumerServiceServicer_to_server(service, server)
         pb_grpc.add_HealthCheckServicer_to_server(service, server)
+        registry = SchemaRegistryService(service.schemas.schemas, service.schemas, counters.reject)
+        spb_grpc.add_SchemaRegistryServicer_to_server(registry, server)
         await server.start()
         self._server = server
         self._sweeper = asyncio.create_task(

@@ -30,9 +30,11 @@ import grpc
 from ballast.config import BallastConfig
 from ballast.metadata import MetadataError, keys
 from ballast.model import InvalidTopicName, TopicName
+from ballast.schemas import SchemaError
 from ballast.server.directory import Owner, partition_index
 from ballast.server.errors import RpcFailure, bad_input, not_served
 from ballast.server.host import DISPATCH_KEY, NON_RELIABLE, RELIABLE, DataPlaneHost
+from ballast.server.nack import NackHandler
 from ballast.server.protocol import (
     CLIENT_CONSUMER,
     CLIENT_PRODUCER,
@@ -45,6 +47,13 @@ from ballast.server.protocol import (
     pb_grpc,
 )
 from ballast.server.relay import RELAY_HEADER
+from ballast.server.schemas import (
+    SchemaStore,
+    TopicSchemas,
+    producer_schema_check,
+    schema_failure,
+    send_check,
+)
 
 __all__ = ["DataPlaneService"]
 
@@ -65,6 +74,8 @@ def _rpc(name: str) -> Callable[[Callable[..., Awaitable[T]]], Callable[..., Awa
             try:
                 try:
                     return await fn(self, request, context)
+                except SchemaError as exc:
+                    raise schema_failure(exc) from None
                 except MetadataError as exc:
                     # etcd unreachable or timing out: a retry may well succeed.
                     raise not_served(f"metadata store unavailable: {exc}", "metadata") from None
@@ -116,6 +127,8 @@ class DataPlaneService(
         self.broker_id = host.broker_id
         self.broker_url = broker_url
         self.settings = config.data_plane
+        self.schemas = TopicSchemas(SchemaStore(host.store, host.clock), host.clock)
+        self.nacks = NackHandler(host, host.clock)
 
     # -- Discovery -------------------------------------------------------------------------
 
@@ -188,6 +201,8 @@ class DataPlaneService(
             await self._not_here(topic, strategy, create=True)
             raise AssertionError("unreachable")
         self._check_strategy(topic, "reliable" if served.reliable else NON_RELIABLE, strategy)
+        if request.HasField("schema_ref"):
+            await producer_schema_check(self.schemas, topic, request.schema_ref)
         entry = served.add_producer(request.producer_name, self.host.clock.now())
         self.host.add_producer(entry)
         return pb.ProducerResponse(
@@ -271,6 +286,7 @@ class DataPlaneService(
                 "payload_too_large",
             )
         entry.last_seen = self.host.clock.now()
+        await send_check(self.schemas, entry.topic.name, request, self.host.counters)
         await entry.topic.publish(request)
         self.host.counters.messages_in.inc()
         self.host.counters.bytes_in.inc(size)
@@ -306,6 +322,7 @@ class DataPlaneService(
             self.host.clock.now(),
         )
         self.host.add_consumer(handle)
+        await self.nacks.restore_holds(served, request.subscription)
         return pb.ConsumerResponse(
             request_id=request.request_id, consumer_id=handle.id, consumer_name=handle.name
         )
@@ -358,8 +375,7 @@ class DataPlaneService(
         msg_id = request.msg_id
         served = self.host.topics.get(msg_id.topic_name)
         if served is not None:
-            delay = request.delay_ms / 1000.0 if request.HasField("delay_ms") else 0.0
-            served.nack(request.subscription_name, msg_id.topic_offset, delay)
+            await self.nacks.nack(served, request)
         else:
             relay = self.host.relay_for(msg_id.topic_name, request.subscription_name)
             if relay is not None:
