@@ -374,3 +374,25 @@ async def test_an_append_waiting_for_its_reservation_gets_no_offset_after_the_se
     assert sealed.last_committed_offset == 9
     catalog = await load_catalog(metadata, topic.topic)
     assert catalog.end == 9
+
+
+async def test_a_deposed_owner_cannot_move_the_new_owners_cursors_back(
+    tmp_path: Path, kw: dict[str, Any], metadata: MemoryStore
+) -> None:
+    a = make_topic("a", tmp_path, **kw)
+    await a.open()
+    await append_range(a, 0, 10)
+    sub = await a.subscribe("s", initial=InitialPosition.EARLIEST)
+    await sub.ack(2)
+    await a.flush_cursors()
+    async with make_topic("b", tmp_path, **kw) as b:  # b claims the topic (split brain)
+        moved = await b.subscribe("s")
+        await moved.ack(8)
+        await b.flush_cursors()
+        await a.ack("s", 5)  # a deposed owner's late ack…
+        with pytest.raises(TopicFencedError):
+            await a.flush_cursors()  # …is never written
+        cursor = await metadata.get(keys.subscription_cursor(TOPIC, "s"))
+        assert cursor is not None and cursor.value["last_acked_offset"] == 8
+    with pytest.raises(TopicFencedError):
+        await a.seal()

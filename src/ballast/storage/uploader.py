@@ -55,7 +55,7 @@ from ballast.storage.objects import ObjectBuilder, ObjectStore, ObjectStoreError
 from ballast.storage.reservation import TopicClaim, TopicFencedError
 from ballast.storage.seal import Gap, gap_end_after
 from ballast.storage.stats import StorageStats
-from ballast.storage.wal import OffsetUnavailableError, WalError, WriteAheadLog
+from ballast.storage.wal import OffsetUnavailableError, WalClosedError, WriteAheadLog
 
 __all__ = ["DurabilityTimeoutError", "UploadConflictError", "Uploader", "object_name"]
 
@@ -148,7 +148,7 @@ class Uploader:
 
         Raises `TopicFencedError` if another broker took the topic over first,
         `DurabilityTimeoutError` after `timeout` seconds (object or metadata store down),
-        `WalError` if the uploader stopped.
+        `WalClosedError` if the uploader stopped (a seal gave up, the topic closed).
         """
         if self._checkpoint >= offset:
             return
@@ -158,7 +158,7 @@ class Uploader:
             if self._failure is not None:
                 raise self._failure
             if self._stopped:
-                raise WalError(f"{self._name}: stopped before offset {offset} was committed")
+                raise WalClosedError(f"{self._name}: stopped before offset {offset} was committed")
             left = deadline - loop.time()
             if left <= 0:
                 self._stats.ack_timeouts += 1
