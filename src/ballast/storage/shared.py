@@ -96,7 +96,8 @@ def _mismatch(broker_id: str, url: str, value: Mapping[str, Any]) -> str:
         "every broker must use the same object store: set storage.object_store in this "
         "broker's configuration to the shared store (a directory every host mounts, or an "
         "s3:// URL); the default, {data_dir}/objects, is local to one "
-        f"machine. If the cluster's store really moved, delete {keys.OBJECT_STORE} first."
+        f"machine. If the cluster's store really moved, delete {keys.OBJECT_STORE} first "
+        f"(etcdctl del {keys.OBJECT_STORE})."
     )
 
 
