@@ -51,6 +51,7 @@ from ballast.cluster import AdminClient
 from ballast.metadata.etcd import EtcdStore
 from ballast.model import Move
 from tests.etcd_fixtures import EtcdServer, TcpProxy, free_port
+from tests.server.procs import started
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 TTL = 3  # registration and leader TTL of the brokers (seconds)
@@ -202,7 +203,7 @@ class FaultRun:
             cwd=str(self.root),
         )  # fmt: skip
         self.brokers[broker] = proc
-        await _started(proc, f"BROKER-STARTED {broker}", f"broker {broker}")
+        await started(proc, f"BROKER-STARTED {broker}", f"broker {broker}", 60)
 
     async def start_gateway(self) -> None:
         config = self._config("gateway", self.root / "gateway")
@@ -212,7 +213,7 @@ class FaultRun:
             stdout=asyncio.subprocess.PIPE, stderr=self._log("gateway"), env=self.env,
         )  # fmt: skip
         self.gateway_proc = proc
-        self.gateway = await _started(proc, "GATEWAY-STARTED", "gateway")
+        self.gateway = await started(proc, "GATEWAY-STARTED", "gateway", 60)
 
     def _log(self, name: str) -> Any:
         return open(self.root / f"{name}.log", "ab")
@@ -269,18 +270,6 @@ class FaultRun:
                 return
             await asyncio.sleep(0.1)
         raise AssertionError(f"topics not placed on {owner}")
-
-
-async def _started(proc: asyncio.subprocess.Process, prefix: str, what: str) -> str:
-    assert proc.stdout is not None
-    async with asyncio.timeout(60):
-        while True:
-            line = await proc.stdout.readline()
-            if not line:
-                raise AssertionError(f"{what} exited before starting")
-            text = line.decode().strip()
-            if text.startswith(prefix):
-                return text[len(prefix) :].strip()
 
 
 class Workload:

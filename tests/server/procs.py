@@ -37,6 +37,21 @@ def write_config(path: Path, data_dir: Path, **sections: Any) -> Path:
     return path
 
 
+async def started(
+    proc: asyncio.subprocess.Process, prefix: str, what: str, timeout: float = 45
+) -> str:
+    """Wait for the line starting with `prefix` on `proc`'s stdout; the rest of it."""
+    assert proc.stdout is not None
+    async with asyncio.timeout(timeout):
+        while True:
+            line = await proc.stdout.readline()
+            if not line:
+                raise AssertionError(f"{what} exited before starting")
+            text = line.decode().strip()
+            if text.startswith(prefix):
+                return text[len(prefix) :].strip()
+
+
 class Processes:
     """Broker and gateway processes of one test."""
 
@@ -52,17 +67,6 @@ class Processes:
             "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]),
         }
 
-    async def _started(self, proc: asyncio.subprocess.Process, prefix: str, what: str) -> str:
-        assert proc.stdout is not None
-        async with asyncio.timeout(45):
-            while True:
-                line = await proc.stdout.readline()
-                if not line:
-                    raise AssertionError(f"{what} exited before starting")
-                text = line.decode().strip()
-                if text.startswith(prefix):
-                    return text[len(prefix) :].strip()
-
     async def start_broker(self, broker_id: str) -> str:
         """Start a broker; its registered broker_url."""
         proc = await asyncio.create_subprocess_exec(
@@ -72,7 +76,7 @@ class Processes:
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=self.env,
         )  # fmt: skip
         self.brokers[broker_id] = proc
-        await self._started(proc, "BROKER-STARTED", f"broker {broker_id}")
+        await started(proc, "BROKER-STARTED", f"broker {broker_id}")
         kv = await self.store.get(keys.register(broker_id))
         assert kv is not None
         return str(kv.value["broker_url"])
@@ -85,7 +89,7 @@ class Processes:
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=self.env,
         )  # fmt: skip
         self.gateways.append(proc)
-        return await self._started(proc, "GATEWAY-STARTED", "gateway")
+        return await started(proc, "GATEWAY-STARTED", "gateway")
 
     async def kill(self, broker_id: str) -> None:
         """SIGKILL a broker (no goodbye: its lease expires, its topics fail over)."""

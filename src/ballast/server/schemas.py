@@ -36,10 +36,9 @@ by SendMessage (the policy check runs before the topic's publish) and CreateProd
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -48,7 +47,7 @@ from danube.proto import SchemaRegistry_pb2 as spb
 from danube.proto import SchemaRegistry_pb2_grpc as spb_grpc
 
 from ballast.clock import Clock
-from ballast.metadata import Compare, MetadataError, MetadataStore, Put, keys
+from ballast.metadata import Compare, MetadataStore, Put, keys
 from ballast.metadata.store import Delete
 from ballast.model import InvalidTopicName, TopicName
 from ballast.schemas import (
@@ -68,6 +67,7 @@ from ballast.schemas import (
     validate_subject,
 )
 from ballast.server.errors import RpcFailure, bad_input, not_served
+from ballast.server.rpc import rpc
 
 __all__ = [
     "SCHEMA_SERVICE_PREFIX",
@@ -76,7 +76,6 @@ __all__ = [
     "TopicSchemas",
     "Verdict",
     "producer_schema_check",
-    "schema_failure",
     "send_check",
     "spb",
     "spb_grpc",
@@ -87,16 +86,6 @@ log = logging.getLogger(__name__)
 SCHEMA_SERVICE_PREFIX = "/danube_schema.SchemaRegistry/"
 _CAS_ATTEMPTS = 20
 T = TypeVar("T")
-
-
-def schema_failure(exc: SchemaError) -> RpcFailure:
-    """The gRPC answer to a refused schema request."""
-    code = (
-        grpc.StatusCode.FAILED_PRECONDITION
-        if exc.precondition
-        else grpc.StatusCode.INVALID_ARGUMENT
-    )
-    return RpcFailure(code, str(exc), f"schema_{exc.rule.split(':', 1)[0]}")
 
 
 def _not_found(message: str) -> RpcFailure:
@@ -553,39 +542,6 @@ async def producer_schema_check(topics: TopicSchemas, topic: TopicName, ref: Any
 # -- the gRPC service --------------------------------------------------------------------------
 
 
-def _rpc(name: str) -> Callable[[Callable[..., Awaitable[T]]], Callable[..., Awaitable[T]]]:
-    """Answer `SchemaError`/`RpcFailure` with their codes; count refusals."""
-
-    def wrap(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-        @functools.wraps(fn)
-        async def handler(self: SchemaRegistryService, request: Any, context: Any) -> T:
-            try:
-                try:
-                    return await fn(self, request, context)
-                except SchemaError as exc:
-                    raise schema_failure(exc) from None
-                except MetadataError as exc:
-                    raise not_served(f"metadata store unavailable: {exc}", "metadata") from None
-                except (RpcFailure, asyncio.CancelledError):
-                    raise
-                except Exception as exc:
-                    log.exception("schema registry: %s failed", name)
-                    raise RpcFailure(
-                        grpc.StatusCode.INTERNAL, f"{name} failed: {exc}", "internal"
-                    ) from None
-            except RpcFailure as failure:
-                if self.on_refused is not None:
-                    self.on_refused(name, failure.reason)
-                log.info("schema registry: %s refused (%s): %s", name, failure.code.name,
-                         failure.message)  # fmt: skip
-                await context.abort(failure.code, failure.message)
-                raise AssertionError("unreachable") from None
-
-        return handler
-
-    return wrap
-
-
 def _response(v: SchemaVersion, mode: CompatibilityMode) -> Any:
     return spb.GetSchemaResponse(
         schema_id=v.schema_id,
@@ -614,12 +570,18 @@ class SchemaRegistryService(spb_grpc.SchemaRegistryServicer):
         self.schemas = schemas
         self.topics = topics
         self.on_refused = on_refused
+        self.rpc_label = "schema registry"
+
+    def refused(self, rpc: str, reason: str) -> None:
+        """Count a refused request (`rpc`'s hook)."""
+        if self.on_refused is not None:
+            self.on_refused(rpc, reason)
 
     async def _mode(self, subject: str) -> CompatibilityMode:
         current = await self.schemas.subject(subject)
         return current[0].compatibility if current is not None else DEFAULT_COMPATIBILITY
 
-    @_rpc("RegisterSchema")
+    @rpc("RegisterSchema")
     async def RegisterSchema(self, request: Any, context: Any) -> Any:
         version, is_new = await self.schemas.register(
             request.subject,
@@ -636,19 +598,19 @@ class SchemaRegistryService(spb_grpc.SchemaRegistryServicer):
             fingerprint=version.fingerprint,
         )
 
-    @_rpc("GetSchema")
+    @rpc("GetSchema")
     async def GetSchema(self, request: Any, context: Any) -> Any:
         wanted = request.version if request.HasField("version") else None
         found = await self.schemas.by_id(request.schema_id, wanted)
         return _response(found, await self._mode(found.subject))
 
-    @_rpc("GetLatestSchema")
+    @rpc("GetLatestSchema")
     async def GetLatestSchema(self, request: Any, context: Any) -> Any:
         validate_subject(request.subject)
         found = await self.schemas.latest(request.subject)
         return _response(found, await self._mode(found.subject))
 
-    @_rpc("ListVersions")
+    @rpc("ListVersions")
     async def ListVersions(self, request: Any, context: Any) -> Any:
         if await self.schemas.subject(request.subject) is None:
             raise _not_found(f"subject {request.subject!r} does not exist")
@@ -667,7 +629,7 @@ class SchemaRegistryService(spb_grpc.SchemaRegistryServicer):
             ]
         )
 
-    @_rpc("CheckCompatibility")
+    @rpc("CheckCompatibility")
     async def CheckCompatibility(self, request: Any, context: Any) -> Any:
         mode = request.compatibility_mode if request.HasField("compatibility_mode") else None
         errors = await self.schemas.check(
@@ -675,21 +637,21 @@ class SchemaRegistryService(spb_grpc.SchemaRegistryServicer):
         )
         return spb.CheckCompatibilityResponse(is_compatible=not errors, errors=errors)
 
-    @_rpc("SetCompatibilityMode")
+    @rpc("SetCompatibilityMode")
     async def SetCompatibilityMode(self, request: Any, context: Any) -> Any:
         mode = await self.schemas.set_mode(request.subject, request.compatibility_mode)
         return spb.SetCompatibilityModeResponse(
             success=True, message=f"subject {request.subject!r}: compatibility {mode.value}"
         )
 
-    @_rpc("DeleteSchemaVersion")
+    @rpc("DeleteSchemaVersion")
     async def DeleteSchemaVersion(self, request: Any, context: Any) -> Any:
         await self.schemas.delete_version(request.subject, request.version)
         return spb.DeleteSchemaVersionResponse(
             success=True, message=f"deleted version {request.version} of {request.subject!r}"
         )
 
-    @_rpc("ConfigureTopicSchema")
+    @rpc("ConfigureTopicSchema")
     async def ConfigureTopicSchema(self, request: Any, context: Any) -> Any:
         topic = _topic(request.topic_name)
         config = await self.schemas.configure_topic(
@@ -705,7 +667,7 @@ class SchemaRegistryService(spb_grpc.SchemaRegistryServicer):
             message=f"topic {topic}: subject {config.subject!r}, policy {config.policy.value}",
         )
 
-    @_rpc("UpdateTopicValidationPolicy")
+    @rpc("UpdateTopicValidationPolicy")
     async def UpdateTopicValidationPolicy(self, request: Any, context: Any) -> Any:
         topic = _topic(request.topic_name)
         config = await self.schemas.update_policy(
@@ -717,7 +679,7 @@ class SchemaRegistryService(spb_grpc.SchemaRegistryServicer):
             success=True, message=f"topic {topic}: policy {config.policy.value}"
         )
 
-    @_rpc("GetTopicSchemaConfig")
+    @rpc("GetTopicSchemaConfig")
     async def GetTopicSchemaConfig(self, request: Any, context: Any) -> Any:
         topic = _topic(request.topic_name)
         config = await self.schemas.topic_config(topic)

@@ -20,17 +20,15 @@ The rules come from ``../shared/reference/danube-client-protocol.md`` (section 9
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 import grpc
 
 from ballast.config import BallastConfig
-from ballast.metadata import MetadataError, keys
+from ballast.metadata import keys
 from ballast.model import InvalidTopicName, TopicName
-from ballast.schemas import SchemaError
 from ballast.server.directory import Owner, partition_index
 from ballast.server.errors import RpcFailure, bad_input, not_served
 from ballast.server.host import DISPATCH_KEY, NON_RELIABLE, RELIABLE, DataPlaneHost
@@ -47,11 +45,11 @@ from ballast.server.protocol import (
     pb_grpc,
 )
 from ballast.server.relay import RELAY_HEADER
+from ballast.server.rpc import rpc
 from ballast.server.schemas import (
     SchemaStore,
     TopicSchemas,
     producer_schema_check,
-    schema_failure,
     send_check,
 )
 
@@ -63,48 +61,6 @@ T = TypeVar("T")
 UNKNOWN_CONSUMER_DELAY = 0.5
 
 _STRATEGY = {pb.NonReliable: NON_RELIABLE, pb.Reliable: RELIABLE}
-
-
-def _rpc(name: str) -> Callable[[Callable[..., Awaitable[T]]], Callable[..., Awaitable[T]]]:
-    """Turn `RpcFailure` into the RPC's status; log and count it."""
-
-    def wrap(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-        @functools.wraps(fn)
-        async def handler(self: DataPlaneService, request: Any, context: Any) -> T:
-            try:
-                try:
-                    return await fn(self, request, context)
-                except SchemaError as exc:
-                    raise schema_failure(exc) from None
-                except MetadataError as exc:
-                    # etcd unreachable or timing out: a retry may well succeed.
-                    raise not_served(f"metadata store unavailable: {exc}", "metadata") from None
-                except (RpcFailure, asyncio.CancelledError):
-                    raise
-                except Exception as exc:
-                    log.exception("%s: %s failed", self.broker_id, name)
-                    raise RpcFailure(
-                        grpc.StatusCode.INTERNAL, f"{name} failed: {exc}", "internal"
-                    ) from None
-            except RpcFailure as failure:
-                self.host.counters.reject(name, failure.reason)
-                level = (
-                    logging.DEBUG if failure.code is grpc.StatusCode.UNAVAILABLE else logging.INFO
-                )
-                log.log(
-                    level,
-                    "%s: %s refused (%s): %s",
-                    self.broker_id,
-                    name,
-                    failure.code.name,
-                    failure.message,
-                )
-                await context.abort(failure.code, failure.message)
-                raise AssertionError("unreachable") from None
-
-        return handler
-
-    return wrap
 
 
 def _topic(value: str, what: str = "topic") -> TopicName:
@@ -129,10 +85,15 @@ class DataPlaneService(
         self.settings = config.data_plane
         self.schemas = TopicSchemas(SchemaStore(host.store, host.clock), host.clock)
         self.nacks = NackHandler(host, host.clock)
+        self.rpc_label = host.broker_id
+
+    def refused(self, rpc: str, reason: str) -> None:
+        """Count a refused request (`rpc`'s hook)."""
+        self.host.counters.reject(rpc, reason)
 
     # -- Discovery -------------------------------------------------------------------------
 
-    @_rpc("TopicLookup")
+    @rpc("TopicLookup")
     async def TopicLookup(self, request: Any, context: Any) -> Any:
         topic = _topic(request.topic)
         served = self.host.topics.get(str(topic))
@@ -176,7 +137,7 @@ class DataPlaneService(
             proxy=False,
         )
 
-    @_rpc("TopicPartitions")
+    @rpc("TopicPartitions")
     async def TopicPartitions(self, request: Any, context: Any) -> Any:
         topic = _topic(request.topic)
         names = await self.host.directory.partitions(topic)
@@ -184,7 +145,7 @@ class DataPlaneService(
 
     # -- producers -------------------------------------------------------------------------
 
-    @_rpc("CreateProducer")
+    @rpc("CreateProducer")
     async def CreateProducer(self, request: Any, context: Any) -> Any:
         topic = _topic(request.topic_name)
         if not request.producer_name:
@@ -261,7 +222,7 @@ class DataPlaneService(
             self._check_strategy(topic, meta.get(DISPATCH_KEY, NON_RELIABLE), strategy)
         raise not_served(f"topic {topic} is not served by this broker; redo the lookup")
 
-    @_rpc("SendMessage")
+    @rpc("SendMessage")
     async def SendMessage(self, request: Any, context: Any) -> Any:
         msg_id = request.msg_id
         entry = self.host.producers.get(msg_id.producer_id)
@@ -294,7 +255,7 @@ class DataPlaneService(
 
     # -- consumers -------------------------------------------------------------------------
 
-    @_rpc("Subscribe")
+    @rpc("Subscribe")
     async def Subscribe(self, request: Any, context: Any) -> Any:
         topic = _topic(request.topic_name)
         try:
@@ -358,7 +319,7 @@ class DataPlaneService(
             handle.last_seen = self.host.clock.now()
             handle.detach(queue, keep_sent=relay)
 
-    @_rpc("Ack")
+    @rpc("Ack")
     async def Ack(self, request: Any, context: Any) -> Any:
         msg_id = request.msg_id
         served = self.host.topics.get(msg_id.topic_name)
@@ -370,7 +331,7 @@ class DataPlaneService(
                 await relay.ack(request)
         return pb.AckResponse(request_id=request.request_id)
 
-    @_rpc("Nack")
+    @rpc("Nack")
     async def Nack(self, request: Any, context: Any) -> Any:
         msg_id = request.msg_id
         served = self.host.topics.get(msg_id.topic_name)
@@ -384,7 +345,7 @@ class DataPlaneService(
 
     # -- health ----------------------------------------------------------------------------
 
-    @_rpc("HealthCheck")
+    @rpc("HealthCheck")
     async def HealthCheck(self, request: Any, context: Any) -> Any:
         now = self.host.clock.now()
         if request.client == CLIENT_PRODUCER:
