@@ -88,6 +88,8 @@ async def test_a_failed_seal_hands_over_unsealed_and_readers_retry_storage_error
     audit = await audit_subscription(await new_client(b2.url))
     assert await read(audit, 21) == [*sent, b"late"]
     assert flaky_reads.failed == 3 and b2.host.stats.reader_retries >= 1
+    retries = b2.host.counters.registry.get_sample_value("ballast_storage_reader_retries_total")
+    assert retries == b2.host.stats.reader_retries  # counted in Prometheus
     await producer.close()
 
 
