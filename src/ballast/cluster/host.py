@@ -29,7 +29,11 @@ class TopicHost(Protocol):
         ...
 
     async def unload(self, topic: str) -> SealedState | None:
-        """Stop serving `topic`, sealing it; None if there was nothing to seal."""
+        """Stop serving `topic`, sealing it; None if there was nothing to seal.
+
+        Raises `ballast.storage.SealError` when the topic was handed over unsealed (it is
+        not served here any more; its acknowledged messages are in object storage).
+        """
         ...
 
     def metrics(self) -> list[TopicLoad]:

@@ -217,10 +217,17 @@ class DataPlaneHost:
         if self.release is None or topic in self._releasing:
             return
         task = asyncio.get_running_loop().create_task(
-            self.release(topic, why), name=f"dataplane/{self.broker_id}/release{topic}"
+            self._release(topic, why), name=f"dataplane/{self.broker_id}/release{topic}"
         )
         self._releasing[topic] = task
         task.add_done_callback(lambda _: self._releasing.pop(topic, None))
+
+    async def _release(self, topic: str, why: str) -> None:
+        assert self.release is not None
+        try:
+            await self.release(topic, why)
+        except Exception as exc:  # the metadata store is down: the leader fails it over later
+            log.error("%s: could not release %s: %s", self.broker_id, topic, exc)
 
     async def unload(self, topic: str) -> SealedState | None:
         """Stop serving `topic`: drop its producers, start the consumers' handshake, seal.
