@@ -97,6 +97,8 @@ class S3:
     def __init__(self) -> None:
         from moto.server import ThreadedMotoServer
 
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
+
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
         self.proxy: TcpProxy | None = None
 
