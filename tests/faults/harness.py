@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
 import shutil
 import signal
