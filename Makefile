@@ -47,7 +47,7 @@ test: lint unit
 # Every fault-injection case RUNS times (default 10); JSON on stdout, progress on stderr.
 RUNS ?= 10
 faults: $(STAMP)
-	$(BIN)/python -m tests.faults.run --runs $(RUNS)
+	@$(BIN)/python -m tests.faults.run --runs $(RUNS)
 
 # The console's pages, as the README shows them (the browser tests, saving into docs/console).
 screenshots: $(STAMP) sysdeps
