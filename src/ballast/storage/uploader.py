@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -72,8 +73,10 @@ RETRYABLE: tuple[type[BaseException], ...] = (
     ConnectionError,
 )
 
-# At most this many descriptors change in one merge (etcd allows 128 operations per txn).
+# At most this many descriptors change in one merge or commit (etcd allows 128 operations
+# per transaction).
 _MERGE_MAX = 100
+_COMMIT_BATCH = 100
 
 
 class UploadConflictError(Exception):
@@ -115,6 +118,10 @@ class Uploader:
         self._config = config or StorageConfig()
         self._stats = stats or StorageStats()
         self._checkpoint = checkpoint
+        self._written = checkpoint  # highest offset written to an object (committed or not)
+        # With a claim: what was written and waits for its commit, in offset order (a
+        # descriptor, or None for skipped offsets), with the range's end.
+        self._to_commit: asyncio.Queue[tuple[ObjectDescriptor | None, int, int]] = asyncio.Queue()
         self._gaps = tuple(gaps)  # skipped offsets: nothing to upload there
         self._claim = claim
         self._lock = asyncio.Lock()
@@ -176,14 +183,15 @@ class Uploader:
         event.set()
 
     async def __aenter__(self) -> Self:
-        await self._loops.start(
-            {
-                f"{self._name}/loop": self._loop(),
-                f"{self._name}/timer": tick(
-                    self._clock, self._config.upload_interval_seconds, self._wake
-                ),
-            }
-        )
+        loops = {
+            f"{self._name}/loop": self._loop(),
+            f"{self._name}/timer": tick(
+                self._clock, self._config.upload_interval_seconds, self._wake
+            ),
+        }
+        if self._claim is not None:
+            loops[f"{self._name}/commit"] = self._commit_loop()
+        await self._loops.start(loops)
         self._wal.set_upload_trigger(self.trigger)
         if self._wal.committed_offset > self._checkpoint:
             self._wake.set()  # kept local records (a restart): commit them
@@ -208,10 +216,14 @@ class Uploader:
             await self._wake.wait()
             self._wake.clear()
             try:
-                await self.upload_pending()
+                # Write what the WAL holds; with a claim the commit loop commits it
+                # meanwhile, so the next objects are written while earlier ones commit.
+                async with self._lock:
+                    await self._write_objects(self._wal.committed_offset)
                 if self._claim is not None:
                     await self._merge_due()
                     await self._collect_garbage()
+                await self._wal.apply_retention()
                 delay = self._config.upload_retry_initial_seconds
             except TopicFencedError as exc:
                 self._failure = exc
@@ -236,53 +248,122 @@ class Uploader:
         return await self.upload_pending()
 
     async def upload_pending(self) -> int:
-        """One pass: upload up to the WAL's committed offset, retrying failures."""
+        """One pass: upload (and, with a claim, commit) up to the WAL's committed offset,
+        retrying failures; returns the checkpoint."""
         async with self._lock:
             target = self._wal.committed_offset
-            while self._checkpoint < target:
-                start = self._checkpoint + 1
-                first_local = self._wal.first_offset
-                if start < first_local:
-                    # Not in the local WAL and not uploaded: skipped on open (a recorded
-                    # gap), or lost before this broker got it. Nothing to upload.
-                    if gap_end_after(self._gaps, start) < first_local:
-                        log.error(
-                            "%s: offsets %d..%d are neither uploaded nor local; skipping them",
-                            self._name,
-                            start,
-                            first_local - 1,
-                        )
-                    self._checkpoint = first_local - 1
-                    continue
-                builder = ObjectBuilder(self._config.index_interval_bytes)
-                cursor = start
-                contiguous = True
-                while (
-                    contiguous and cursor <= target and builder.size < self._config.max_object_bytes
-                ):
-                    records = await self._wal.read(cursor, max_records=4096)
-                    if not records:
-                        break
-                    for record in records:
-                        if record.offset > target:
-                            break
-                        if builder.end is not None and record.offset != builder.end + 1:
-                            contiguous = False  # a gap: the rest goes into the next object
-                            break
-                        builder.add(record)
-                        cursor = record.offset + 1
-                        if builder.size >= self._config.max_object_bytes:
-                            break
-                if builder.count == 0:
-                    # Nothing in start..target although committed: skipped offsets (a gap
-                    # at the end of the WAL). Nothing to upload there, ever.
-                    self._checkpoint = target
-                    self._wal.mark_uploaded(target)
-                    self._notify()
-                    break
-                await self._upload_object(builder)
+            await self._write_objects(target)
+        if self._claim is not None:
+            await self._until_committed(target)
         await self._wal.apply_retention()
         return self._checkpoint
+
+    async def _until_committed(self, offset: int) -> None:
+        while self._checkpoint < offset:
+            if self._failure is not None:
+                raise self._failure
+            await self._committed.wait()
+
+    async def _write_objects(self, target: int) -> None:
+        """Write objects for everything after `_written` up to `target`: uploaded whole
+        without a claim, handed to the commit loop with one."""
+        while self._written < target:
+            start = self._written + 1
+            first_local = self._wal.first_offset
+            if start < first_local:
+                # Not in the local WAL and not uploaded: skipped on open (a recorded
+                # gap), or lost before this broker got it. Nothing to upload.
+                if gap_end_after(self._gaps, start) < first_local:
+                    log.error(
+                        "%s: offsets %d..%d are neither uploaded nor local; skipping them",
+                        self._name,
+                        start,
+                        first_local - 1,
+                    )
+                self._skipped(first_local - 1)
+                continue
+            builder = ObjectBuilder(self._config.index_interval_bytes)
+            cursor = start
+            contiguous = True
+            while contiguous and cursor <= target and builder.size < self._config.max_object_bytes:
+                records = await self._wal.read(cursor, max_records=4096)
+                if not records:
+                    break
+                for record in records:
+                    if record.offset > target:
+                        break
+                    if builder.end is not None and record.offset != builder.end + 1:
+                        contiguous = False  # a gap: the rest goes into the next object
+                        break
+                    builder.add(record)
+                    cursor = record.offset + 1
+                    if builder.size >= self._config.max_object_bytes:
+                        break
+            if builder.count == 0:
+                # Nothing in start..target although committed: skipped offsets (a gap
+                # at the end of the WAL). Nothing to upload there, ever.
+                self._skipped(target)
+                break
+            if self._claim is not None:
+                await self._put_object(builder)
+            else:
+                await self._upload_object(builder)
+
+    def _skipped(self, end: int) -> None:
+        """Offsets up to `end` hold nothing to upload (a gap)."""
+        self._written = end
+        if self._claim is not None:
+            self._to_commit.put_nowait((None, end, 0))  # in order, after earlier commits
+            return
+        self._checkpoint = end
+        self._wal.mark_uploaded(end)
+        self._notify()
+
+    async def _put_object(self, builder: ObjectBuilder) -> None:
+        """Write the object; its commit follows in `_commit_loop` (in offset order)."""
+        start, end = builder.start, builder.end
+        assert start is not None and end is not None
+        data = builder.finish()
+        name = object_name(self.topic, start, end)
+        await self._retrying(f"writing object {name}", lambda: self._objects.put(name, data))
+        self._written = end
+        descriptor = ObjectDescriptor(start, end, name, len(data), self._clock.now())
+        self._to_commit.put_nowait((descriptor, end, len(data)))
+
+    async def _commit_loop(self) -> None:
+        """Commit written objects in order; everything waiting goes in one transaction."""
+        claim = self._claim
+        assert claim is not None
+        while True:
+            batch = [await self._to_commit.get()]
+            while not self._to_commit.empty() and len(batch) < _COMMIT_BATCH:
+                batch.append(self._to_commit.get_nowait())
+            ops: list[TxnOp] = [
+                Put(keys.storage_object(self.topic, d.start), d.to_dict())
+                for d, _, _ in batch
+                if d is not None
+            ]
+            if ops:
+                try:
+                    await self._retrying(
+                        f"committing {len(ops)} object(s) up to {batch[-1][1]}",
+                        functools.partial(claim.commit, ops),
+                    )
+                except TopicFencedError as exc:
+                    self._failure = exc
+                    self._notify()
+                    log.warning("%s: %s; nothing more is committed here", self._name, exc)
+                    return
+            for descriptor, end, nbytes in batch:
+                if descriptor is not None:
+                    self._committed_range(descriptor, nbytes)
+                    self._small.append(descriptor)
+                else:
+                    self._checkpoint = end
+                    self._wal.mark_uploaded(end)
+            self._notify()
+            if len(self._small) >= self._config.merge_objects:
+                self._wake.set()  # the loop merges them
 
     async def _upload_object(self, builder: ObjectBuilder) -> None:
         start, end = builder.start, builder.end
@@ -291,20 +372,12 @@ class Uploader:
         name = object_name(self.topic, start, end)
         await self._retrying(f"writing object {name}", lambda: self._objects.put(name, data))
         descriptor = ObjectDescriptor(start, end, name, len(data), self._clock.now())
-        if self._claim is not None:
-            claim = self._claim
-            put = Put(keys.storage_object(self.topic, start), descriptor.to_dict())
-            await self._retrying(
-                f"committing descriptor {start}..{end}", lambda: claim.commit([put])
-            )
-            self._committed_range(descriptor, len(data))
-            self._small.append(descriptor)
-            return
         outcome, existing = await self._retrying(
             f"writing descriptor {start}..{end}",
             lambda: publish_descriptor(self._metadata, self.topic, descriptor),
         )
         if outcome is PublishOutcome.CREATED:
+            self._written = end
             self._committed_range(descriptor, len(data))
             return
         if existing is None:
@@ -322,7 +395,7 @@ class Uploader:
                 existing.start,
                 existing.end,
             )
-        self._checkpoint = max(self._checkpoint, existing.end)
+        self._checkpoint = self._written = max(self._checkpoint, existing.end)
         if existing.object_id != name:
             try:
                 await self._objects.delete(name)
