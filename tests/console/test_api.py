@@ -17,7 +17,9 @@ from ballast.cluster import AdminClient, LocalCluster
 from ballast.config import parse_config
 from ballast.console import LiveCluster, create_app
 from ballast.metadata.memory import MemoryStore
+from ballast.model import TopicName
 from ballast.server.auth import Permission, TokenAuthority
+from ballast.server.schemas import SchemaStore
 from tests.cluster.helpers import FAST_REBALANCING, fast_config, wait_settled, wait_until
 from tests.console.helpers import serving
 
@@ -177,6 +179,74 @@ async def test_prometheus_http_sd_lists_brokers_with_metrics(setup: Setup) -> No
     assert groups == []  # the test brokers run without metrics endpoints
 
 
+USER_V1 = {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}
+USER_V2 = {
+    "type": "object",
+    "properties": {"id": {"type": "integer"}, "name": {"type": "string"}},
+    "required": ["id"],
+}
+
+
+async def test_schemas_subjects_versions_and_topic_binding(setup: Setup) -> None:
+    c = setup.client
+    assert (await c.get("/api/schemas")).json() == []
+    schemas = SchemaStore(setup.admin.store, setup.admin.clock)
+    v1, _ = await schemas.register("users", "json_schema", json.dumps(USER_V1).encode())
+    v2, _ = await schemas.register(
+        "users", "json_schema", json.dumps(USER_V2).encode(), created_by="ops", tags=("pii",)
+    )
+    await schemas.configure_topic(TopicName.parse("/default/t01"), "users", "enforce", True)
+
+    listed = (await c.get("/api/schemas")).json()
+    assert [(r["subject"], r["schema_id"], r["compatibility"]) for r in listed] == [
+        ("users", v1.schema_id, "backward")
+    ]
+    assert listed[0]["versions"] == [1, 2] and listed[0]["schema_type"] == "json_schema"
+
+    subject = (await c.get("/api/schemas/users")).json()
+    assert subject["compatibility"] == "backward" and subject["schema_id"] == v1.schema_id
+    assert [v["version"] for v in subject["versions"]] == [1, 2]
+    assert subject["versions"][1]["fingerprint"] == v2.fingerprint
+    assert subject["versions"][1]["tags"] == ["pii"] and "definition" not in subject["versions"][1]
+
+    got = (await c.get("/api/schemas/users/versions/2")).json()
+    assert got["version"] == 2 and got["created_by"] == "ops"
+    assert json.loads(got["definition"]) == USER_V2
+
+    bound = (await c.get("/api/topics/default/t01/schema")).json()
+    assert bound["topic"] == "/default/t01" and bound["subject"] == "users"
+    assert bound["validation_policy"] == "enforce" and bound["enable_payload_validation"]
+    assert bound["schema_id"] == v1.schema_id
+    openapi = (await c.get("/openapi.json")).json()
+    assert "/api/schemas/{subject}/versions/{version}" in openapi["paths"]
+    assert openapi["paths"]["/api/schemas"]["get"]["tags"] == ["schemas"]
+
+
+async def test_schema_errors_are_json_404s_naming_what_is_missing(setup: Setup) -> None:
+    c = setup.client
+    schemas = SchemaStore(setup.admin.store, setup.admin.clock)
+    await schemas.register("users", "json_schema", json.dumps(USER_V1).encode())
+    unknown = await c.get("/api/schemas/orders")
+    assert unknown.status_code == 404
+    assert unknown.json() == {"error": "subject 'orders' does not exist"}
+    missing = await c.get("/api/schemas/users/versions/7")
+    assert missing.status_code == 404
+    assert missing.json() == {"error": "subject 'users' has no version 7"}
+    assert (await c.get("/api/schemas/orders/versions/1")).status_code == 404
+    unbound = await c.get("/api/topics/default/t02/schema")
+    assert unbound.status_code == 404
+    assert unbound.json() == {
+        "error": "topic /default/t02 has no schema (ballast admin topics set-schema)"
+    }
+    bad_subject = await c.get("/api/schemas/-users")
+    assert bad_subject.status_code == 400 and "[subject-name]" in bad_subject.json()["error"]
+    bad_topic = await c.get("/api/topics/default/-t/schema")
+    assert bad_topic.status_code == 400
+    assert bad_topic.json()["error"].startswith("invalid topic name '/default/-t'")
+    zero = await c.get("/api/schemas/users/versions/0")
+    assert zero.status_code == 422 and "version" in zero.json()["error"]
+
+
 async def test_with_jwt_auth_the_api_needs_an_admin_token() -> None:
     settings = parse_config({"auth": {"mode": "jwt", "secret": "s" * 32}}).auth
     authority = TokenAuthority(settings)
@@ -200,5 +270,13 @@ async def test_with_jwt_auth_the_api_needs_an_admin_token() -> None:
                 }
                 ok = await c.get("/api/summary", headers={"Authorization": f"Bearer {admin_token}"})
                 assert ok.status_code == 200 and ok.json()["brokers"] == 0
+                for path in ("/api/schemas", "/api/schemas/users", "/api/topics/a/b/schema"):
+                    assert (await c.get(path)).status_code == 401
+                    reading = await c.get(path, headers={"Authorization": f"Bearer {reader}"})
+                    assert reading.status_code == 403
+                listed = await c.get(
+                    "/api/schemas", headers={"Authorization": f"Bearer {admin_token}"}
+                )
+                assert listed.status_code == 200 and listed.json() == []
                 page = await c.get("/")  # the page itself is public; it asks for a token
                 assert page.status_code == 200 and "Ballast console" in page.text

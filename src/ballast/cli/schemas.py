@@ -33,7 +33,7 @@ from ballast.metadata import keys
 from ballast.model import InvalidTopicName, TopicName
 from ballast.schemas import SchemaError, SchemaVersion
 from ballast.server.errors import RpcFailure
-from ballast.server.schemas import SchemaStore
+from ballast.server.schemas import SchemaStore, subject_rows, topic_binding, version_dict
 
 __all__ = ["register", "register_dead_letters", "schemas_app"]
 
@@ -71,26 +71,6 @@ def _topic(value: str) -> TopicName:
 
 def _when(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds") if ts else "-"
-
-
-def _version_dict(v: SchemaVersion, *, definition: bool = False) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "subject": v.subject,
-        "schema_id": v.schema_id,
-        "version": v.version,
-        "schema_type": v.schema_type.value,
-        "fingerprint": v.fingerprint,
-        "description": v.description,
-        "created_by": v.created_by,
-        "created_at": v.created_at,
-        "tags": list(v.tags),
-    }
-    if definition:
-        try:
-            out["definition"] = v.definition.decode()
-        except UnicodeDecodeError:
-            out["definition_hex"] = v.definition.hex()
-    return out
 
 
 def _definition(schema: str | None, file: Path | None) -> bytes:
@@ -141,7 +121,7 @@ def schemas_register(
         ),
     )
     if as_json:
-        _emit({**_version_dict(version), "is_new_version": is_new})
+        _emit({**version_dict(version), "is_new_version": is_new})
         return
     verb = "registered" if is_new else "already registered as"
     _console().print(
@@ -170,7 +150,7 @@ def schemas_get(
         return found
 
     found = _run(etcd, get)
-    data = _version_dict(found, definition=True)
+    data = version_dict(found, definition=True)
     if as_json:
         _emit(data)
         return
@@ -184,20 +164,7 @@ def schemas_get(
 def schemas_list(etcd: EtcdOption = DEFAULT_ETCD, as_json: JsonOption = False) -> None:
     """Every subject with its id, compatibility mode and latest version."""
 
-    async def listing(s: SchemaStore) -> list[dict[str, Any]]:
-        rows = []
-        for info in await s.subjects():
-            versions = await s.versions(info.subject)
-            rows.append(
-                {
-                    **info.to_dict(),
-                    "versions": [v.version for v in versions],
-                    "schema_type": versions[-1].schema_type.value if versions else None,
-                }
-            )
-        return rows
-
-    rows = _run(etcd, listing)
+    rows = _run(etcd, subject_rows)
     if as_json:
         _emit(rows)
         return
@@ -228,7 +195,7 @@ def schemas_versions(
 
     found = _run(etcd, versions)
     if as_json:
-        _emit([_version_dict(v) for v in found])
+        _emit([version_dict(v) for v in found])
         return
     table = Table("version", "type", "fingerprint", "created", "by", title=escape(subject))
     for v in found:
@@ -330,15 +297,10 @@ def topics_schema(
     name = _topic(topic)
 
     async def binding(s: SchemaStore) -> dict[str, Any]:
-        config = await s.topic_config(name)
-        if config is None:
+        found = await topic_binding(s, name)
+        if found is None:
             raise AdminError(f"topic {name} has no schema (ballast admin topics set-schema)")
-        current = await s.subject(config.subject)
-        return {
-            "topic": str(name),
-            **config.to_dict(),
-            "schema_id": current[0].schema_id if current is not None else None,
-        }
+        return found
 
     data = _run(etcd, binding)
     if as_json:

@@ -4,8 +4,10 @@
 frames) and, when ``auth.mode: jwt``, a `TokenAuthority` — and builds the application;
 nothing is global. Reads are served from the live view's latest frame; writes go through
 the same `AdminClient` operations as ``ballast admin …``, with the same messages: an
-`AdminError` is answered ``400 {"error": "<the CLI's message>"}``, an unreachable store
+`AdminError` is answered ``400 {"error": "<the CLI's message>"}``, an unknown broker,
+schema subject or version, or a topic without a schema ``404``, an unreachable store
 ``503``, a refused token ``401``/``403`` (``UNAUTHENTICATED: …``/``PERMISSION_DENIED: …``).
+The schema registry is read through the same `SchemaStore` as ``ballast admin schemas``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 from importlib import resources
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Body, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
@@ -26,8 +28,10 @@ from ballast.cluster.namespaces import NamespaceAdmin
 from ballast.console.live import BalanceSample, LiveCluster
 from ballast.console.targets import prometheus_targets
 from ballast.metadata import MetadataError, MetadataUnavailableError
-from ballast.model import Move
+from ballast.model import InvalidTopicName, Move, TopicName
+from ballast.schemas import SchemaError, validate_subject
 from ballast.server.auth import AuthError, Permission, TokenAuthority
+from ballast.server.schemas import SchemaStore, subject_rows, topic_binding, version_dict
 
 MAX_PAGE = 1000
 KEEPALIVE_SECONDS = 15.0
@@ -117,6 +121,7 @@ def create_app(
     ``?token=``, since browsers cannot set headers on it). Setting `stopping` ends the
     open event streams (before a server shuts down)."""
     admin = live.admin
+    schemas = SchemaStore(admin.store, admin.clock)
     stopping = stopping if stopping is not None else asyncio.Event()
 
     def require_admin(request: Request) -> None:
@@ -315,6 +320,52 @@ def create_app(
     async def bundles(namespace: str) -> dict[str, Any]:
         return (await NamespaceAdmin(admin).bundles(namespace)).to_dict()
 
+    # -- schemas (read-only; `ballast admin schemas` writes) -------------------------------------
+
+    @api.get(
+        "/schemas",
+        tags=["schemas"],
+        summary="Every subject: id, compatibility mode, versions, latest type",
+    )
+    async def schema_subjects() -> list[dict[str, Any]]:
+        return await subject_rows(schemas)
+
+    @api.get("/schemas/{subject}", tags=["schemas"], summary="A subject: its mode and versions")
+    async def schema_subject(subject: str) -> dict[str, Any]:
+        found = await schemas.subject(subject)
+        if found is None:
+            raise Refused(404, f"subject {subject!r} does not exist")
+        return {
+            **found[0].to_dict(),
+            "versions": [version_dict(v) for v in await schemas.versions(subject)],
+        }
+
+    @api.get(
+        "/schemas/{subject}/versions/{version}",
+        tags=["schemas"],
+        summary="One version of a subject with its definition",
+    )
+    async def schema_version(subject: str, version: Annotated[int, Path(ge=1)]) -> dict[str, Any]:
+        found = await schemas.version(validate_subject(subject), version)
+        if found is None:
+            raise Refused(404, f"subject {subject!r} has no version {version}")
+        return version_dict(found, definition=True)
+
+    @api.get(
+        "/topics/{namespace}/{topic}/schema",
+        tags=["schemas"],
+        summary="A topic's schema binding: subject, validation policy, schema id",
+    )
+    async def topic_schema(namespace: str, topic: str) -> dict[str, Any]:
+        try:
+            name = TopicName.parse(f"/{namespace}/{topic}")
+        except InvalidTopicName as exc:
+            raise Refused(400, str(exc)) from None
+        found = await topic_binding(schemas, name)
+        if found is None:
+            raise Refused(404, f"topic {name} has no schema (ballast admin topics set-schema)")
+        return found
+
     # -- rebalancing -----------------------------------------------------------------------
 
     @api.post(
@@ -402,6 +453,10 @@ def create_app(
 
     @app.exception_handler(AdminError)
     async def admin_error(_: Request, exc: AdminError) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=400)
+
+    @app.exception_handler(SchemaError)
+    async def schema_error(_: Request, exc: SchemaError) -> JSONResponse:
         return JSONResponse({"error": str(exc)}, status_code=400)
 
     @app.exception_handler(MetadataError)

@@ -79,6 +79,9 @@ __all__ = [
     "send_check",
     "spb",
     "spb_grpc",
+    "subject_rows",
+    "topic_binding",
+    "version_dict",
 ]
 
 log = logging.getLogger(__name__)
@@ -357,6 +360,58 @@ class SchemaStore:
             ):
                 return config
         raise not_served(f"topic {topic}: too many concurrent changes; retry")
+
+
+# -- admin views (the JSON of `ballast admin schemas … --json` and of the console's API) ----
+
+
+def version_dict(v: SchemaVersion, *, definition: bool = False) -> dict[str, Any]:
+    """A version as the admin tools show it; with `definition`, its text (or hex)."""
+    out: dict[str, Any] = {
+        "subject": v.subject,
+        "schema_id": v.schema_id,
+        "version": v.version,
+        "schema_type": v.schema_type.value,
+        "fingerprint": v.fingerprint,
+        "description": v.description,
+        "created_by": v.created_by,
+        "created_at": v.created_at,
+        "tags": list(v.tags),
+    }
+    if definition:
+        try:
+            out["definition"] = v.definition.decode()
+        except UnicodeDecodeError:
+            out["definition_hex"] = v.definition.hex()
+    return out
+
+
+async def subject_rows(schemas: SchemaStore) -> list[dict[str, Any]]:
+    """Every subject with its id, compatibility mode, version numbers and latest type."""
+    rows = []
+    for info in await schemas.subjects():
+        versions = await schemas.versions(info.subject)
+        rows.append(
+            {
+                **info.to_dict(),
+                "versions": [v.version for v in versions],
+                "schema_type": versions[-1].schema_type.value if versions else None,
+            }
+        )
+    return rows
+
+
+async def topic_binding(schemas: SchemaStore, topic: TopicName) -> dict[str, Any] | None:
+    """A topic's binding (subject, policy) with the subject's id, or None when unbound."""
+    config = await schemas.topic_config(topic)
+    if config is None:
+        return None
+    current = await schemas.subject(config.subject)
+    return {
+        "topic": str(topic),
+        **config.to_dict(),
+        "schema_id": current[0].schema_id if current is not None else None,
+    }
 
 
 @functools.lru_cache(maxsize=1024)
