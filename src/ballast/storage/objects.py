@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import os
 import struct
 import zlib
 from collections.abc import AsyncGenerator, Mapping
@@ -48,6 +49,8 @@ _FOOTER_HEAD = struct.Struct(">QQQII")
 _FOOTER = struct.Struct(">QQQIII8s")
 FOOTER_SIZE = _FOOTER.size
 _INDEX_ENTRY = struct.Struct(">QQ")
+# Local objects up to this size are written inline (an acknowledgement waits for them).
+_INLINE_PUT_BYTES = 256 * 1024
 
 
 class ObjectStoreError(Exception):
@@ -228,6 +231,7 @@ class FsspecObjectStore:
         self._root = root.rstrip("/")
         protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
         self._local = "file" in protocols or "local" in protocols
+        self._made: set[str] = set()  # local directories known to exist
         if self._local:
             fs.makedirs(self._root, exist_ok=True)
 
@@ -245,14 +249,28 @@ class FsspecObjectStore:
         """Write `data` at `name`."""
         path = self._path(name)
         try:
-            await asyncio.to_thread(self._put_sync, path, data)
+            if self._local and len(data) <= _INLINE_PUT_BYTES:
+                # Acknowledgements wait for this write: a small local file is written at
+                # once, without a round trip through a worker thread.
+                self._put_local(path, data)
+            else:
+                await asyncio.to_thread(self._put_sync, path, data)
         except Exception as exc:  # s3fs/botocore raise more than OSError
             raise ObjectStoreError(f"writing {name!r} to {self._url} failed: {exc}") from exc
 
     def _put_sync(self, path: str, data: bytes) -> None:
         if self._local:
-            self._fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        self._fs.pipe_file(path, data)
+            self._put_local(path, data)
+        else:
+            self._fs.pipe_file(path, data)
+
+    def _put_local(self, path: str, data: bytes) -> None:
+        directory = path.rsplit("/", 1)[0]
+        if directory not in self._made:
+            os.makedirs(directory, exist_ok=True)
+            self._made.add(directory)
+        with open(path, "wb") as out:
+            out.write(data)
 
     async def get(self, name: str, start: int | None = None, end: int | None = None) -> bytes:
         """Read `name` whole or the byte range [start, end)."""

@@ -33,8 +33,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import heapq
+import itertools
 import logging
+import math
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Self, TypeVar
@@ -127,6 +131,11 @@ class Uploader:
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._committed = asyncio.Event()  # replaced after each commit (see _notify)
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []  # heap by offset
+        self._seq = itertools.count()
+        self._committing = 0  # objects in the commit transaction under way
+        self._last_put = -math.inf  # loop time of the last object written (the linger)
+        self._last_records = 0  # records in it
         self._failure: BaseException | None = None  # fenced: nothing commits any more
         self._stopped = False
         self._loops = LoopTasks()
@@ -134,7 +143,7 @@ class Uploader:
         # Small objects committed and not merged yet (contiguous runs, in offset order).
         self._small: list[ObjectDescriptor] = _small_tail(catalog, self._config)
         self._last_merge = clock.now()
-        self._garbage: list[tuple[float, str]] = []  # (delete after, object) once merged
+        self._garbage: deque[tuple[float, str]] = deque()  # (delete after, object), merged
         self._failing = False  # in an outage: log its end once
         wal.mark_uploaded(checkpoint)
 
@@ -159,28 +168,45 @@ class Uploader:
         """
         if self._checkpoint >= offset:
             return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while self._checkpoint < offset:
-            if self._failure is not None:
-                raise self._failure
-            if self._stopped:
-                raise WalClosedError(f"{self._name}: stopped before offset {offset} was committed")
-            left = deadline - loop.time()
-            if left <= 0:
-                self._stats.ack_timeouts += 1
-                raise DurabilityTimeoutError(
-                    f"{self.topic}: offset {offset} not committed to object storage within "
-                    f"{timeout:.0f}s (object store {self._objects.url} or metadata store "
-                    "unavailable?)"
-                )
-            event = self._committed
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), left)
+        if self._failure is not None:
+            raise self._failure
+        if self._stopped:
+            raise WalClosedError(f"{self._name}: stopped before offset {offset} was committed")
+        # One future per waiting append, resolved in offset order by `_notify` (cheaper
+        # than waking every waiter at every commit).
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (offset, next(self._seq), waiter))
+        try:
+            async with asyncio.timeout(timeout):
+                await waiter
+        except TimeoutError:
+            self._stats.ack_timeouts += 1
+            raise DurabilityTimeoutError(
+                f"{self.topic}: offset {offset} not committed to object storage within "
+                f"{timeout:.0f}s (object store {self._objects.url} or metadata store "
+                "unavailable?)"
+            ) from None
+        finally:
+            waiter.cancel()  # resolved or given up: no-op, or nobody will wait for it
 
     def _notify(self) -> None:
+        """Wake whoever waits for what is committed now (or for the end)."""
         event, self._committed = self._committed, asyncio.Event()
         event.set()
+        waiters = self._waiters
+        if self._failure is not None or self._stopped:
+            failure = self._failure or WalClosedError(
+                f"{self._name}: stopped before the offsets were committed"
+            )
+            while waiters:
+                _, _, waiter = heapq.heappop(waiters)
+                if not waiter.done():
+                    waiter.set_exception(failure)
+            return
+        while waiters and waiters[0][0] <= self._checkpoint:
+            _, _, waiter = heapq.heappop(waiters)
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def __aenter__(self) -> Self:
         loops = {
@@ -216,6 +242,14 @@ class Uploader:
             await self._wake.wait()
             self._wake.clear()
             try:
+                if self._claim is not None and self._last_records > 1:
+                    # Concurrent senders: linger a moment after the previous object, so
+                    # that sends arriving meanwhile share the next object and commit
+                    # (fewer, fuller commits). A lone sender never waits.
+                    loop = asyncio.get_running_loop()
+                    linger = self._last_put + self._config.commit_linger_seconds - loop.time()
+                    if linger > 0:
+                        await asyncio.sleep(linger)
                 # Write what the WAL holds; with a claim the commit loop commits it
                 # meanwhile, so the next objects are written while earlier ones commit.
                 async with self._lock:
@@ -306,6 +340,14 @@ class Uploader:
                 break
             if self._claim is not None:
                 await self._put_object(builder)
+                # One object may be written while the previous one commits, no more:
+                # what arrives meanwhile goes into the next object (group commit), so
+                # objects follow the commits, not the sends.
+                while self._to_commit.qsize() + self._committing > 1:
+                    if self._failure is not None:
+                        raise self._failure
+                    await self._committed.wait()
+                target = max(target, self._wal.committed_offset)
             else:
                 await self._upload_object(builder)
 
@@ -327,6 +369,8 @@ class Uploader:
         name = object_name(self.topic, start, end)
         await self._retrying(f"writing object {name}", lambda: self._objects.put(name, data))
         self._written = end
+        self._last_put = asyncio.get_running_loop().time()
+        self._last_records = builder.count
         descriptor = ObjectDescriptor(start, end, name, len(data), self._clock.now())
         self._to_commit.put_nowait((descriptor, end, len(data)))
 
@@ -338,6 +382,7 @@ class Uploader:
             batch = [await self._to_commit.get()]
             while not self._to_commit.empty() and len(batch) < _COMMIT_BATCH:
                 batch.append(self._to_commit.get_nowait())
+            self._committing = len(batch)
             ops: list[TxnOp] = [
                 Put(keys.storage_object(self.topic, d.start), d.to_dict())
                 for d, _, _ in batch
@@ -361,6 +406,7 @@ class Uploader:
                 else:
                     self._checkpoint = end
                     self._wal.mark_uploaded(end)
+            self._committing = 0
             self._notify()
             if len(self._small) >= self._config.merge_objects:
                 self._wake.set()  # the loop merges them
@@ -509,11 +555,8 @@ class Uploader:
     async def _collect_garbage(self) -> None:
         """Delete merged objects once no reader can still be on its way to them."""
         now = self._clock.now()
-        due = [name for after, name in self._garbage if after <= now]
-        if not due:
-            return
-        self._garbage = [(after, name) for after, name in self._garbage if after > now]
-        for name in due:
+        while self._garbage and self._garbage[0][0] <= now:  # in the order they were merged
+            _, name = self._garbage.popleft()
             try:
                 await self._objects.delete(name)
             except ObjectStoreError as exc:
