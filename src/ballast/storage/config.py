@@ -44,8 +44,9 @@ class StorageConfig:
     max_object_bytes: int = 16 * MiB
     merge_objects: int = 100  # one transaction (etcd allows 128 operations)
     # The uploader waits this long after writing an object before the next one, so that
-    # a busy topic commits fuller batches (at most this much added latency).
-    commit_linger_seconds: float = 0.004
+    # a busy topic commits fuller batches (at most this much added latency; a topic with
+    # one sender at a time never waits).
+    commit_linger_seconds: float = 0.003
     merge_grace_seconds: float = 30.0  # merged objects are deleted this long after
     ack_timeout_seconds: float = 30.0  # an append not committed by then fails (not acked)
     upload_retry_initial_seconds: float = 0.05
