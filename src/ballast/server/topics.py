@@ -39,7 +39,6 @@ from ballast.storage import (
 )
 
 __all__ = [
-    "READ_RETRY_INITIAL_SECONDS",
     "NonReliableServedTopic",
     "ProducerEntry",
     "ReliableServedTopic",
