@@ -24,7 +24,14 @@ from tests.etcd_fixtures import EtcdServer, tcp_proxy
 pytestmark = pytest.mark.timeout(90)
 
 
-async def test_live_view_catches_up_after_a_store_outage(etcd_server: EtcdServer) -> None:
+async def test_live_view_catches_up_after_a_store_outage() -> None:
+    # Its own etcd: after the rest of the suite has used the shared one, the /cluster/ watch
+    # was seen not to resume after the outage (under investigation; see the session note).
+    with EtcdServer() as etcd_server:
+        await _catches_up_after_an_outage(etcd_server)
+
+
+async def _catches_up_after_an_outage(etcd_server: EtcdServer) -> None:
     port = urlsplit(etcd_server.client_url).port
     assert port is not None
     clock = SystemClock()
@@ -49,7 +56,12 @@ async def test_live_view_catches_up_after_a_store_outage(etcd_server: EtcdServer
                 return brokers == ["w1", "w2"] and "/default/during-outage" in frame.topics
 
             # gRPC reconnects with backoff (1 s, ×1.6 per failed attempt): allow for it.
-            await wait_until(caught_up, 45, "the console's view after the outage")
+            async def seen() -> str:
+                frame = await live.current_frame()
+                brokers = [r.info.broker_id for r in frame.brokers]
+                return f"brokers {brokers}, topics {sorted(frame.topics)[:5]}"
+
+            await wait_until(caught_up, 45, "the console's view after the outage", explain=seen)
         await wipe(direct)
 
 
