@@ -396,3 +396,22 @@ async def test_a_deposed_owner_cannot_move_the_new_owners_cursors_back(
         assert cursor is not None and cursor.value["last_acked_offset"] == 8
     with pytest.raises(TopicFencedError):
         await a.seal()
+
+
+async def test_a_crash_between_the_object_write_and_its_commit_acknowledges_nothing(
+    tmp_path: Path, kw: dict[str, Any]
+) -> None:
+    flaky = FlakyTxnMetadata(kw["metadata"])
+    config = replace(kw["config"], ack_timeout_seconds=0.2)
+    async with make_topic("a", tmp_path, **{**kw, "metadata": flaky, "config": config}) as a:
+        await append_range(a, 0, 5)
+        flaky.fail_before = 10**6  # the commit never happens: the broker dies before it
+        with pytest.raises(DurabilityTimeoutError):
+            await a.append(payload(5))
+        reservation = a.reserved_through
+        await crash_with_disk(a)
+    written = sorted((tmp_path / "objects").rglob("*.bobj"))
+    assert len(written) == 6  # the sixth object was written, never committed: an orphan
+    async with make_topic("b", tmp_path, **kw) as b:
+        assert b.opened.gap == (5, reservation)  # offset 5 was never acknowledged
+        assert await read_all(b) == list(range(5))  # the orphan is never read
