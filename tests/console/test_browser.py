@@ -52,7 +52,6 @@ TIMEOUT_MS = 10_000
 pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
     pytest.mark.timeout(60),
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium: run `make sysdeps`"),
 ]
 
 

@@ -36,7 +36,6 @@ METRIC = re.compile(r"\bballast_[a-z0-9_]+")
 
 pytestmark = [
     pytest.mark.timeout(90),
-    pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="no prometheus: run `make sysdeps`"),
 ]
 
 
