@@ -20,20 +20,9 @@ from ballast.balance import MoveHistory, decide_rebalance
 from ballast.balance.estimate import apply_move, idle_baseline, remove_broker, topic_weight
 from ballast.balance.imbalance import measure, sum_squared_deviations
 from ballast.balance.rebalance import active_scores
-from ballast.config import RebalancingConfig, Strategy, parse_config
+from ballast.config import RebalancingConfig, Strategy
 from ballast.model import ClusterSnapshot, LoadReport, TopicLoad
-
-
-def cfg(**over: object) -> RebalancingConfig:
-    data = {
-        "enabled": True,
-        "aggressiveness": "aggressive",
-        "min_topic_age_seconds": 0,
-        "cooldown_seconds": 1,
-        "max_moves_per_hour": 10_000,
-        **over,
-    }
-    return parse_config({"load_manager": {"rebalancing": data}}).load_manager.rebalancing
+from tests.balance.test_noise import cfg
 
 
 @dataclass(frozen=True)

@@ -361,18 +361,22 @@ class Uploader:
         self._wal.mark_uploaded(end)
         self._notify()
 
-    async def _put_object(self, builder: ObjectBuilder) -> None:
-        """Write the object; its commit follows in `_commit_loop` (in offset order)."""
+    async def _write_object(self, builder: ObjectBuilder) -> ObjectDescriptor:
+        """Write the builder's object (retrying); its descriptor, not yet published."""
         start, end = builder.start, builder.end
         assert start is not None and end is not None
         data = builder.finish()
         name = object_name(self.topic, start, end)
         await self._retrying(f"writing object {name}", lambda: self._objects.put(name, data))
-        self._written = end
+        return ObjectDescriptor(start, end, name, len(data), self._clock.now())
+
+    async def _put_object(self, builder: ObjectBuilder) -> None:
+        """Write the object; its commit follows in `_commit_loop` (in offset order)."""
+        descriptor = await self._write_object(builder)
+        self._written = descriptor.end
         self._last_put = asyncio.get_running_loop().time()
         self._last_records = builder.count
-        descriptor = ObjectDescriptor(start, end, name, len(data), self._clock.now())
-        self._to_commit.put_nowait((descriptor, end, len(data)))
+        self._to_commit.put_nowait((descriptor, descriptor.end, descriptor.size))
 
     async def _commit_loop(self) -> None:
         """Commit written objects in order; everything waiting goes in one transaction."""
@@ -412,19 +416,21 @@ class Uploader:
                 self._wake.set()  # the loop merges them
 
     async def _upload_object(self, builder: ObjectBuilder) -> None:
-        start, end = builder.start, builder.end
-        assert start is not None and end is not None
-        data = builder.finish()
-        name = object_name(self.topic, start, end)
-        await self._retrying(f"writing object {name}", lambda: self._objects.put(name, data))
-        descriptor = ObjectDescriptor(start, end, name, len(data), self._clock.now())
+        """Write the object, then publish its descriptor if absent (no claim)."""
+        descriptor = await self._write_object(builder)
+        start, end, name, size = (
+            descriptor.start,
+            descriptor.end,
+            descriptor.object_id,
+            descriptor.size,
+        )
         outcome, existing = await self._retrying(
             f"writing descriptor {start}..{end}",
             lambda: publish_descriptor(self._metadata, self.topic, descriptor),
         )
         if outcome is PublishOutcome.CREATED:
             self._written = end
-            self._committed_range(descriptor, len(data))
+            self._committed_range(descriptor, size)
             return
         if existing is None:
             raise UploadConflictError(
@@ -447,7 +453,7 @@ class Uploader:
                 await self._objects.delete(name)
             except ObjectStoreError as exc:
                 log.warning("%s: could not delete orphan %s: %s", self._name, name, exc)
-        self._wal.mark_uploaded(self._checkpoint, len(data))
+        self._wal.mark_uploaded(self._checkpoint, size)
         self._notify()
 
     def _committed_range(self, descriptor: ObjectDescriptor, nbytes: int) -> None:
