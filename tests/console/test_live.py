@@ -24,11 +24,6 @@ from tests.etcd_fixtures import EtcdServer, tcp_proxy
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open bug: in a full-suite run the console's /cluster/ watch sometimes does not "
-    "deliver a registration put during a proxy cut (the /topics/ watch does); passes alone",
-)
 async def test_live_view_catches_up_after_a_store_outage() -> None:
     with EtcdServer() as etcd_server:
         await _catches_up_after_an_outage(etcd_server)

@@ -219,6 +219,34 @@ async def test_watch_resumes_after_a_network_outage_with_writes_during_it(
         assert len({(e.key, e.revision) for e in events}) == len(events)
 
 
+async def test_a_failover_by_another_task_does_not_strand_calls_on_the_old_channel(
+    etcd_server: EtcdServer, prefix: str
+) -> None:
+    """One task fails over (closes the shared channel) while others have calls on it.
+
+    A closed channel can leave a call on it hanging for ever: a watch then misses every
+    later change (seen in the console after a network cut, when a read noticed the dead
+    endpoint first). Every call on the old channel must move to the new one.
+    """
+    async with (
+        EtcdStore(etcd_server.client_url, timeout=10) as store,
+        EtcdStore(etcd_server.client_url) as writer,
+    ):
+        watches = [store.watch_prefix(prefix + w) for w in ("a/", "b/")]
+        for watch in watches:
+            await watch.ready()
+        old = await store._current_connection(asyncio.get_running_loop().time() + 5)
+        await store._rotate(old.generation)  # what `_connection` does on a dead endpoint
+
+        revisions = [await writer.put(prefix + w + "k", i) for i, w in enumerate(("a/", "b/"))]
+        for watch, revision in zip(watches, revisions, strict=True):
+            event = await next_event(watch, timeout=10)
+            assert (event.kind, event.revision) == ("put", revision)
+        assert (await store.get(prefix + "a/k")) is not None  # reads go on, too
+        for watch in watches:
+            await watch.aclose()
+
+
 async def test_outage_across_a_compaction_yields_compacted(
     etcd_server: EtcdServer, prefix: str
 ) -> None:

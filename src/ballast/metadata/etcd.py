@@ -28,8 +28,9 @@ import asyncio
 import logging
 import math
 import random
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -167,6 +168,42 @@ class _Connection:
     watch: Any
     auth: Any
     metadata: tuple[tuple[str, str], ...] | None = None
+    # Calls in flight on this channel, woken when another task drops it (see `_dropping`).
+    on_drop: set[Callable[[], None]] = field(default_factory=set)
+
+    async def drop(self) -> None:
+        for wake in list(self.on_drop):
+            wake()
+        await self.channel.close()
+
+
+class _Dropped(Exception):
+    """The connection a call was using was dropped by another task (failover or close)."""
+
+
+@asynccontextmanager
+async def _dropping(conn: _Connection) -> AsyncIterator[None]:
+    """Run the body until `conn` is dropped, then raise `_Dropped`.
+
+    Closing a channel under a call in flight can leave that call hanging for ever (a watch
+    has no deadline), so a task that fails over first wakes every call on the old channel.
+    """
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(None) as scope:
+
+            def wake() -> None:
+                scope.reschedule(loop.time())
+
+            conn.on_drop.add(wake)
+            try:
+                yield
+            finally:
+                conn.on_drop.discard(wake)
+    except TimeoutError:
+        if scope.expired():
+            raise _Dropped from None
+        raise
 
 
 class EtcdStore(TxnHelpers):
@@ -252,7 +289,7 @@ class EtcdStore(TxnHelpers):
         async with self._conn_lock:
             conn, self._conn = self._conn, None
         if conn is not None:
-            await conn.channel.close()
+            await conn.drop()
 
     # -- connection management ---------------------------------------------------------------
 
@@ -363,7 +400,7 @@ class EtcdStore(TxnHelpers):
                 return
             self._conn = None
             self._index = (self._index + 1) % len(self._targets)
-        await conn.channel.close()
+        await conn.drop()
 
     async def _reauthenticate(self, generation: int) -> None:
         """Forget the token of `generation`; the next `_connection` authenticates again."""
@@ -394,7 +431,19 @@ class EtcdStore(TxnHelpers):
             if remaining <= 0:
                 break
             try:
-                return await invoke(conn, remaining)
+                async with _dropping(conn):
+                    return await invoke(conn, remaining)
+            except _Dropped:
+                if self._closed:
+                    raise MetadataError(f"{what}: the metadata store was closed") from None
+                if not retry_after_send:
+                    raise OutcomeUnknownError(
+                        f"{what}: the connection to etcd {conn.target} was dropped (failover) "
+                        "after the request was sent; it may or may not have been applied — "
+                        "re-read and decide again"
+                    ) from None
+                log.info("%s: connection to %s dropped (failover); retrying", what, conn.target)
+                continue
             except grpc.aio.AioRpcError as exc:
                 code = exc.code()
                 details = _details(exc)
@@ -626,33 +675,36 @@ class EtcdStore(TxnHelpers):
                 continue
             call = conn.watch.Watch(metadata=conn.metadata)
             try:
-                create = rpc.WatchCreateRequest(
-                    key=prefix_b,
-                    range_end=prefix_range_end(prefix_b),
-                    start_revision=next_revision or 0,
-                )
-                await call.write(rpc.WatchRequest(create_request=create))
-                async for resp in call:
-                    if resp.compact_revision:
-                        # Created or cancelled because the start revision is gone.
-                        await watch.deliver(
-                            _compacted_event(watch.prefix, next_revision, resp.compact_revision)
-                        )
-                        return
-                    if resp.created:
-                        if next_revision is None:
-                            next_revision = int(resp.header.revision) + 1
-                        watch.mark_established()
-                        backoff = 0.05
-                    if resp.canceled:
-                        raise _WatchCancelled(resp.cancel_reason)
-                    for event in resp.events:
-                        await watch.deliver(_watch_event(event))
-                        # etcd never splits one revision over two responses (no fragment
-                        # option), so resuming after this revision repeats and loses nothing.
-                        next_revision = int(event.kv.mod_revision) + 1
-                # The server ended the stream (e.g. member shutting down): reconnect.
-                log.info("watch on %r: stream ended by %s; reconnecting", watch.prefix, conn.target)
+                async with _dropping(conn):
+                    create = rpc.WatchCreateRequest(
+                        key=prefix_b,
+                        range_end=prefix_range_end(prefix_b),
+                        start_revision=next_revision or 0,
+                    )
+                    await call.write(rpc.WatchRequest(create_request=create))
+                    async for resp in call:
+                        if resp.compact_revision:
+                            # Created or cancelled because the start revision is gone.
+                            await watch.deliver(
+                                _compacted_event(watch.prefix, next_revision, resp.compact_revision)
+                            )
+                            return
+                        if resp.created:
+                            if next_revision is None:
+                                next_revision = int(resp.header.revision) + 1
+                            watch.mark_established()
+                            backoff = 0.05
+                        if resp.canceled:
+                            raise _WatchCancelled(resp.cancel_reason)
+                        for event in resp.events:
+                            await watch.deliver(_watch_event(event))
+                            # etcd never splits one revision over two responses (no fragment
+                            # option), so resuming after this revision repeats and loses nothing.
+                            next_revision = int(event.kv.mod_revision) + 1
+                    # The server ended the stream (e.g. member shutting down): reconnect.
+                    log.info(
+                        "watch on %r: stream ended by %s; reconnecting", watch.prefix, conn.target
+                    )
             except grpc.aio.AioRpcError as exc:
                 if self._closed:
                     return
@@ -679,6 +731,16 @@ class EtcdStore(TxnHelpers):
                         f"{self._username!r} ({reason})"
                     ) from exc
                 log.info("watch on %r cancelled by etcd (%s); reconnecting", watch.prefix, reason)
+            except _Dropped:
+                if self._closed:
+                    return
+                log.info(
+                    "watch on %r: connection to %s dropped (failover); reconnecting from "
+                    "revision %s",
+                    watch.prefix,
+                    conn.target,
+                    next_revision,
+                )
             finally:
                 call.cancel()
             # Jitter keeps many watchers from reconnecting in lock-step after a restart.
