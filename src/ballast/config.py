@@ -273,9 +273,18 @@ class StorageSettings(_Strict):
     object_store: str = ""  # a directory or s3://bucket/prefix; default {data_dir}/objects
     # fsspec options, e.g. {key, secret, client_kwargs: {endpoint_url: ...}} for s3.
     object_store_options: dict[str, Any] = Field(default_factory=dict)
-    # The WAL is a buffer and read cache: acknowledgements wait for object storage, so
-    # fsyncing it protects nothing acknowledged ("batch" or "interval" to keep it anyway).
+    # When a reliable topic acknowledges a send: "durable" once it is committed to the
+    # object store (survives the loss of the host), "local" once it is in the local WAL
+    # (faster; loses the not yet uploaded tail with the host, see the README).
+    ack: str = Field("durable", pattern="^(durable|local)$")
+    # With ack "durable" the WAL is a buffer and read cache, so fsyncing it protects nothing
+    # acknowledged; with "local" it is the only copy until the upload: "batch" survives a
+    # power loss, "never" only a process crash.
     fsync_policy: str = Field("never", pattern="^(batch|interval|never)$")
+    # How long a busy topic gathers sends into one object before writing it (the latency a
+    # send pays at most for batching), and the largest object.
+    commit_linger_seconds: float = Field(0.003, ge=0, le=1.0)
+    max_object_bytes: int = Field(16 * MiB, ge=64 * 1024)
     upload_interval_seconds: float = Field(30.0, gt=0)
     cursor_flush_seconds: float = Field(5.0, gt=0)
 

@@ -22,9 +22,11 @@ starts empty); SIGSTOP below the registration TTL (a stall) and above it (a zomb
 wakes up after its topics failed over); an unload and a rebalancing move while the owner
 is stalled (the leader forces them after `seal_timeout_seconds`); a drain of a broker with
 many busy topics; etcd stopped and restarted; the object store (moto S3) cut off and back;
-a partition between the owner and etcd. The partition is made with a TCP proxy on the
-broker's etcd connection, not a network namespace: it cuts exactly that path (the broker
-still serves its clients and reaches the object store) and needs no privileges.
+a partition between the owner and etcd; a crash between an object's write and its commit
+(the owner, cut off from etcd, keeps writing objects it cannot commit; then its host is
+lost). The partition is made with a TCP proxy on the broker's etcd connection, not a
+network namespace: it cuts exactly that path (the broker still serves its clients and
+reaches the object store) and needs no privileges.
 """
 
 from __future__ import annotations
@@ -509,6 +511,23 @@ async def fault_partition(run: FaultRun, topics: list[str]) -> None:
     await asyncio.sleep(3)
 
 
+def _object_files(run: FaultRun) -> int:
+    return sum(1 for p in (run.root / "objects").rglob("*") if p.is_file())
+
+
+async def fault_crash_before_commit(run: FaultRun, topics: list[str]) -> None:
+    """The owner writes objects it cannot commit (etcd is cut off from it), then its host
+    is lost: those objects are orphans, their sends were never acknowledged."""
+    before = _object_files(run)
+    await run.proxies["b2"].cut()
+    await asyncio.sleep(1.5)  # sends keep arriving: objects written, their commits wait
+    orphans = _object_files(run) - before
+    assert orphans > 0, "no object was written while the owner could not commit"
+    await run.kill_host("b2")
+    await run.start_broker("b3")
+    await _wait(lambda: _all_moved(run, topics, "b2"), 30, "failover")
+
+
 @dataclass(frozen=True)
 class Case:
     fault: Fault
@@ -526,6 +545,7 @@ CASES: dict[str, Case] = {
     "etcd_restart": Case(fault_etcd_restart),
     "object_store_outage": Case(fault_object_store, s3=True),
     "partition_from_etcd": Case(fault_partition),
+    "crash_before_commit": Case(fault_crash_before_commit),
 }
 
 

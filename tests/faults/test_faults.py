@@ -13,7 +13,13 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.mark.parametrize(
     "case",
-    ["sigkill_host_lost", "zombie_above_ttl", "unload_during_stall", "object_store_outage"],
+    [
+        "sigkill_host_lost",
+        "zombie_above_ttl",
+        "unload_during_stall",
+        "object_store_outage",
+        "crash_before_commit",
+    ],
 )
 async def test_acknowledged_means_kept(case: str) -> None:
     outcome = await run_case(case)

@@ -12,6 +12,7 @@ import pytest
 from ballast.clock import FakeClock
 from ballast.metadata import MemoryStore, keys
 from ballast.storage import (
+    AckMode,
     DurabilityTimeoutError,
     FsspecObjectStore,
     InitialPosition,
@@ -384,3 +385,33 @@ async def test_a_non_live_reader_survives_the_seal_through_object_storage(
     assert [i.offset for i in first + rest] == list(range(40))
     # The batch already read from the WAL is delivered, then object storage takes over.
     assert rest[-1].tier is Tier.OBJECT
+
+
+async def test_local_ack_mode_acknowledges_from_the_wal_and_uploads_in_the_background(
+    tmp_path: Path,
+    object_store: FsspecObjectStore,
+    metadata: MemoryStore,
+    clock: FakeClock,
+    config: StorageConfig,
+) -> None:
+    """`ack: local` answers before the object store has the record (it is down here); the
+    upload follows. A fenced owner's locally acknowledged records are never committed: one
+    writer still holds, and that loss is what the mode gives up (documented)."""
+    flaky = FlakyObjectStore(object_store, fail_puts=10**6)
+    config = replace(config, ack=AckMode.LOCAL, ack_timeout_seconds=0.2)
+    a = make_topic("a", tmp_path, objects=flaky, metadata=metadata, clock=clock, config=config)
+    async with a:
+        await append_range(a, 0, 3)  # acknowledged with the object store down
+        assert a.uploaded_offset == -1
+        flaky.fail_puts = 0
+        await advancing(clock, eventually(lambda: a.uploaded_offset == 2), step=1)
+        flaky.fail_puts = 10**6
+        assert await a.append(payload(3)) == 3  # acknowledged locally, not yet committed
+        b = make_topic("b", tmp_path, objects=object_store, metadata=metadata, clock=clock,
+                       config=replace(config, ack=AckMode.DURABLE))  # fmt: skip
+        async with b:  # takes the topic over without a seal (a stalled owner)
+            flaky.fail_puts = 0
+            with pytest.raises(TopicFencedError):
+                await advancing(clock, a.upload_now(), step=1)
+            records = await collect(b.read(0, live=False))
+            assert [r.record.payload for r in records] == [payload(o) for o in range(3)]

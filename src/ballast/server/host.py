@@ -38,6 +38,7 @@ from ballast.server.topics import (
     ServedTopic,
 )
 from ballast.storage import (
+    AckMode,
     FsspecObjectStore,
     FsyncPolicy,
     ObjectStore,
@@ -91,6 +92,9 @@ class DataPlaneHost:
         self._objects = objects  # opened on the first reliable topic (it creates a directory)
         self.storage_config = StorageConfig(
             fsync_policy=FsyncPolicy(storage.fsync_policy),
+            ack=AckMode(storage.ack),
+            commit_linger_seconds=storage.commit_linger_seconds,
+            max_object_bytes=storage.max_object_bytes,
             upload_interval_seconds=storage.upload_interval_seconds,
             cursor_flush_seconds=storage.cursor_flush_seconds,
         )

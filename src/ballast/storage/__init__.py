@@ -13,7 +13,7 @@ from ballast.storage.codec import (
     decode_records,
     encode_record,
 )
-from ballast.storage.config import FsyncPolicy, StorageConfig
+from ballast.storage.config import AckMode, FsyncPolicy, StorageConfig
 from ballast.storage.cursor import SubscriptionCursors
 from ballast.storage.objects import (
     CorruptObjectError,
@@ -49,6 +49,7 @@ from ballast.storage.wal import (
 )
 
 __all__ = [
+    "AckMode",
     "CorruptObjectError",
     "Corruption",
     "DecodeResult",

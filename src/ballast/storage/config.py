@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["FsyncPolicy", "StorageConfig"]
+__all__ = ["AckMode", "FsyncPolicy", "StorageConfig"]
 
 MiB = 1024 * 1024
 
@@ -25,11 +25,28 @@ class FsyncPolicy(StrEnum):
     NEVER = "never"
 
 
+class AckMode(StrEnum):
+    """When a reliable topic acknowledges a send.
+
+    - ``durable``: once the record is in the object store and committed under the topic's
+      claim. Nothing acknowledged is lost with a broker, its disk or its host.
+    - ``local``: once the record is in the local WAL (per `FsyncPolicy`); the upload follows
+      at once, in the background. Faster, but what is acknowledged and not yet committed
+      lives on one disk: it is lost if that host or disk is lost, or if this broker is
+      fenced (a stalled owner replaced) before it commits. One writer still holds: a fenced
+      owner's records are never committed, so no reader ever sees two histories.
+    """
+
+    DURABLE = "durable"
+    LOCAL = "local"
+
+
 @dataclass(frozen=True)
 class StorageConfig:
     """Every knob of the WAL, the uploader and the subscription cursors."""
 
     fsync_policy: FsyncPolicy = FsyncPolicy.BATCH
+    ack: AckMode = AckMode.DURABLE
     fsync_interval_seconds: float = 1.0
     segment_bytes: int = 64 * MiB
     cache_messages: int = 8192
@@ -60,6 +77,7 @@ class StorageConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fsync_policy", FsyncPolicy(self.fsync_policy))
+        object.__setattr__(self, "ack", AckMode(self.ack))
         positive = {
             "fsync_interval_seconds": self.fsync_interval_seconds,
             "segment_bytes": self.segment_bytes,

@@ -32,7 +32,7 @@ from ballast.metadata.store import MetadataStore
 from ballast.model import TopicName
 from ballast.storage.catalog import load_catalog
 from ballast.storage.codec import Headers, Message
-from ballast.storage.config import StorageConfig
+from ballast.storage.config import AckMode, StorageConfig
 from ballast.storage.cursor import SubscriptionCursors
 from ballast.storage.objects import ObjectStore
 from ballast.storage.reader import TieredRecord, read_tiered
@@ -429,12 +429,13 @@ class ReliableTopic:
     async def append(
         self, payload: bytes, *, key: bytes | None = None, headers: Headers = ()
     ) -> int:
-        """Append a message; returns its offset once committed to object storage.
+        """Append a message; returns its offset once acknowledged.
 
-        That is the acknowledgement: raises `TopicFencedError` if another broker took the
-        topic over first, `DurabilityTimeoutError` if the commit does not happen within
-        `ack_timeout_seconds` (the record may still be committed later: a duplicate if the
-        producer sends it again, never a loss).
+        With `AckMode.DURABLE` (the default) that is once committed to object storage:
+        raises `TopicFencedError` if another broker took the topic over first,
+        `DurabilityTimeoutError` if the commit does not happen within `ack_timeout_seconds`
+        (the record may still be committed later: a duplicate if the producer sends it
+        again, never a loss). With `AckMode.LOCAL`, once the local WAL has it.
         """
         offset = await self._require_open("append").append(payload, key=key, headers=headers)
         await self._committed(offset)
@@ -448,6 +449,8 @@ class ReliableTopic:
         return offsets
 
     async def _committed(self, offset: int) -> None:
+        if self._config.ack is AckMode.LOCAL:
+            return  # the WAL has it (per the fsync policy); the upload follows
         uploader = self._uploader
         if uploader is None:
             raise TopicStateError(f"[lifecycle] {self.topic}: stopped before {offset} committed")
