@@ -10,6 +10,9 @@
 - schema validation: 32 producers of ~1 KiB JSON documents to a non-reliable topic without
   a schema and to one whose topic enforces a JSON Schema (every payload validated before
   it is published), measured alternately, side by side (goal: validation costs <= 15 %);
+- ack modes: reliable produce at 1, 8 and 32 producers with `storage.ack` durable and
+  local, the object store a local directory and moto's S3 server (its own process), one
+  fresh broker per setting: messages/s, produce p50/p99 and object writes per second;
 - moves: a live reliable topic moved `--moves` times between two broker processes while a
   producer and a consumer run; per move, the longest pause each side sees (p50/p99/max),
   and whether every acknowledged send was consumed.
@@ -17,6 +20,7 @@
 Client and brokers share the machine. Prints one JSON document.
 
     .venv/bin/python benchmarks/bench_dataplane.py [--duration 3] [--moves 20] [--only-schemas]
+        [--only-ack-modes]
 """
 
 from __future__ import annotations
@@ -428,6 +432,98 @@ async def moves(store: EtcdStore, url: str, count: int) -> dict[str, Any]:
     }
 
 
+# -- acknowledgement modes -----------------------------------------------------------------
+
+
+async def start_moto() -> tuple[asyncio.subprocess.Process, str]:
+    """moto's S3 server in its own process (a real HTTP endpoint) with one bucket."""
+    import boto3
+
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    endpoint = f"http://127.0.0.1:{port}"
+    client = boto3.client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1",
+        aws_access_key_id="bench", aws_secret_access_key="bench",
+    )  # fmt: skip
+    async with asyncio.timeout(60):
+        while True:
+            try:
+                await asyncio.to_thread(client.create_bucket, Bucket="bench")
+                return proc, endpoint
+            except Exception:  # not listening yet
+                await asyncio.sleep(0.2)
+
+
+def object_writes(metrics_url: str) -> float:
+    """The broker's count of objects written to the object store so far."""
+    import urllib.request
+
+    with urllib.request.urlopen(metrics_url, timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("ballast_storage_objects_uploaded_total "):
+                return float(line.split()[1])
+    return 0.0
+
+
+async def ack_modes(procs: Procs, tmp: Path, duration: float) -> dict[str, Any]:
+    """Reliable produce with `storage.ack` durable and local, side by side, with the object
+    store a local directory and moto's S3 server: one fresh broker (and etcd) per setting."""
+    moto, endpoint = await start_moto()
+    procs.procs.append(moto)
+    s3_options = {
+        "key": "bench",
+        "secret": "bench",
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+    }
+    stores: dict[str, dict[str, Any]] = {
+        "directory": {"object_store": str(tmp / "ack-objects")},
+        "s3": {"object_store": "s3://bench/objects", "object_store_options": s3_options},
+    }
+    out: dict[str, Any] = {}
+    for backend, storage in stores.items():
+        for mode in ("durable", "local"):
+            broker_id = f"ack-{backend}-{mode}"
+            metrics_port = free_port()
+            config = tmp / f"{broker_id}.yaml"
+            config.write_text(yaml.safe_dump({
+                "load_manager": {"load_report_interval_seconds": 1},
+                "broker": {"registration_ttl_seconds": 10, "leader_ttl_seconds": 10},
+                "history": {"enabled": False},
+                "metrics": {"enabled": True, "port": metrics_port},
+                "storage": {"data_dir": str(tmp / broker_id), "ack": mode, **storage},
+            }))  # fmt: skip
+            with EtcdServer() as server:
+                async with EtcdStore(server.client_url) as store:
+                    before = len(procs.procs)
+                    await start_broker(procs, server.client_url, config, broker_id)
+                    proc = procs.procs[before]
+                    url = await broker_url(store, broker_id)
+                    metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+                    results: dict[str, Any] = {}
+                    for n in COUNTS:
+                        written = await asyncio.to_thread(object_writes, metrics)
+                        began = time.perf_counter()
+                        result = await throughput(
+                            url, f"/default/ack-{mode}-{n}", n, True, duration
+                        )
+                        elapsed = time.perf_counter() - began
+                        written = await asyncio.to_thread(object_writes, metrics) - written
+                        result["object_writes_per_s"] = round(written / elapsed, 1)
+                        results[str(n)] = result
+                    out.setdefault(backend, {})[mode] = results
+                    proc.terminate()
+                    await proc.wait()
+        durable, local = out[backend]["durable"]["32"], out[backend]["local"]["32"]
+        out[backend]["durable_share_of_local_32"] = round(
+            durable["msg_per_s"] / local["msg_per_s"], 3
+        )
+    return out
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"payload_bytes": len(PAYLOAD), "duration_s": args.duration}
     procs = Procs()
@@ -441,6 +537,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "storage": {"data_dir": str(tmp / "data")},
     }))  # fmt: skip
     try:
+        if args.only_ack_modes:
+            out["ack_modes"] = await ack_modes(procs, tmp, args.duration)
+            return out
         # The ceiling: the same client against a server that does nothing.
         port = free_port()
         await procs.start([__file__, "--noop-server", str(port)], "NOOP-STARTED")
@@ -469,6 +568,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                         )
                         for key in ("non_reliable", "reliable")
                     }
+                    out["ack_modes"] = await ack_modes(procs, tmp, args.duration)
                     if args.moves:
                         await start_broker(procs, server.client_url, config, "bench-2")
                         out["moves"] = await moves(store, url, args.moves)
@@ -493,6 +593,11 @@ def main() -> None:
         "--only-schemas",
         action="store_true",
         help="only the schema-validation comparison (and the ceiling)",
+    )
+    parser.add_argument(
+        "--only-ack-modes",
+        action="store_true",
+        help="only reliable produce in both storage.ack modes (directory and S3 object store)",
     )
     parser.add_argument("--noop-server", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -285,6 +285,9 @@ class StorageSettings(_Strict):
     # send pays at most for batching), and the largest object.
     commit_linger_seconds: float = Field(0.003, ge=0, le=1.0)
     max_object_bytes: int = Field(16 * MiB, ge=64 * 1024)
+    # Object writes per second of the whole broker, across its topics (object stores bill
+    # and throttle per request): beyond it objects get fuller, not more numerous.
+    max_object_writes_per_second: float = Field(500.0, gt=0)
     upload_interval_seconds: float = Field(30.0, gt=0)
     cursor_flush_seconds: float = Field(5.0, gt=0)
 

@@ -16,6 +16,7 @@ from ballast.storage import (
     StorageConfig,
     StorageStats,
     TieredRecord,
+    WritePacer,
 )
 
 
@@ -65,6 +66,7 @@ def make_topic(
     config: StorageConfig,
     topic: str = "/default/reliable_topic",
     stats: StorageStats | None = None,
+    pacer: WritePacer | None = None,
 ) -> ReliableTopic:
     """A topic on `broker`, whose local WAL directory is ``root/broker``."""
     return ReliableTopic(
@@ -76,6 +78,7 @@ def make_topic(
         clock=clock,
         config=config,
         stats=stats,
+        pacer=pacer,
     )
 
 

@@ -25,6 +25,7 @@ from ballast.storage import (
     TopicFencedError,
     TopicStateError,
     TopicStatus,
+    WritePacer,
     load_catalog,
 )
 
@@ -415,3 +416,41 @@ async def test_local_ack_mode_acknowledges_from_the_wal_and_uploads_in_the_backg
                 await advancing(clock, a.upload_now(), step=1)
             records = await collect(b.read(0, live=False))
             assert [r.record.payload for r in records] == [payload(o) for o in range(3)]
+
+
+async def test_a_brokers_object_writes_are_bounded_across_its_topics(
+    tmp_path: Path, kw: dict[str, Any]
+) -> None:
+    """Topics sharing one `WritePacer` write at most its rate together: their sends wait
+    their turn and go into fuller objects, and every one is still committed."""
+    stats = StorageStats()
+    pacer = WritePacer(per_second=20)
+    names = [f"/default/paced-{i}" for i in range(4)]
+    topics = [
+        make_topic("a", tmp_path, **kw, topic=name, stats=stats, pacer=pacer) for name in names
+    ]
+    for topic in topics:
+        await topic.open()
+    began = asyncio.get_running_loop().time()
+    offsets = await asyncio.gather(
+        *(topic.append(payload(i)) for topic in topics for i in range(10))
+    )
+    elapsed = asyncio.get_running_loop().time() - began
+    assert sorted(offsets) == sorted(list(range(10)) * 4)
+    # 40 sends on 4 topics: one object per turn, turns 50 ms apart (plus the first).
+    assert stats.objects_uploaded <= elapsed * 20 + 1
+    assert stats.objects_uploaded < 40 and stats.object_write_waits > 0
+    for topic in topics:
+        items = await collect(topic.read(0, live=False))
+        assert [i.offset for i in items] == list(range(10))
+        await topic.close()
+
+
+async def test_the_write_pacer_spaces_turns_and_refuses_a_bad_rate() -> None:
+    pacer = WritePacer(per_second=50)
+    began = asyncio.get_running_loop().time()
+    waited = [await pacer.turn() for _ in range(6)]
+    assert waited == [False] + [True] * 5
+    assert asyncio.get_running_loop().time() - began >= 5 * 0.02 - 0.005
+    with pytest.raises(ValueError, match="object writes per second"):
+        WritePacer(per_second=0)

@@ -47,6 +47,7 @@ from ballast.storage import (
     SealError,
     StorageConfig,
     StorageStats,
+    WritePacer,
     verify_shared_object_store,
 )
 
@@ -95,10 +96,12 @@ class DataPlaneHost:
             ack=AckMode(storage.ack),
             commit_linger_seconds=storage.commit_linger_seconds,
             max_object_bytes=storage.max_object_bytes,
+            max_object_writes_per_second=storage.max_object_writes_per_second,
             upload_interval_seconds=storage.upload_interval_seconds,
             cursor_flush_seconds=storage.cursor_flush_seconds,
         )
         self.stats = StorageStats()
+        self.pacer = WritePacer(self.storage_config.max_object_writes_per_second)
         self.counters = metrics if metrics is not None else DataPlaneMetrics()
         self.counters.registry.register(StorageCollector(self.stats))
         self.directory = Directory(store, clock)
@@ -177,6 +180,7 @@ class DataPlaneHost:
                 clock=self.clock,
                 config=self.storage_config,
                 stats=self.stats,
+                pacer=self.pacer,
             )
             try:
                 opened = await storage.open()

@@ -24,6 +24,7 @@ from ballast.storage.objects import (
     ObjectStoreError,
     read_object,
 )
+from ballast.storage.pacing import WritePacer
 from ballast.storage.reader import Tier, TieredRecord, read_tiered
 from ballast.storage.reservation import ReservationError, TopicClaim
 from ballast.storage.seal import Gap, SealedState, StartDecision, StartSource, choose_start
@@ -92,6 +93,7 @@ __all__ = [
     "WalError",
     "WalRecovery",
     "WriteAheadLog",
+    "WritePacer",
     "choose_start",
     "decode_records",
     "encode_record",

@@ -64,6 +64,9 @@ class StorageConfig:
     # a busy topic commits fuller batches (at most this much added latency; a topic with
     # one sender at a time never waits).
     commit_linger_seconds: float = 0.003
+    # Object writes per second of a whole broker (every topic's uploader shares one
+    # `WritePacer`): beyond it objects get fuller, not more numerous.
+    max_object_writes_per_second: float = 500.0
     merge_grace_seconds: float = 30.0  # merged objects are deleted this long after
     ack_timeout_seconds: float = 30.0  # an append not committed by then fails (not acked)
     upload_retry_initial_seconds: float = 0.05
@@ -88,6 +91,7 @@ class StorageConfig:
             "upload_threshold_bytes": self.upload_threshold_bytes,
             "max_object_bytes": self.max_object_bytes,
             "merge_objects": self.merge_objects,
+            "max_object_writes_per_second": self.max_object_writes_per_second,
             "merge_grace_seconds": self.merge_grace_seconds,
             "ack_timeout_seconds": self.ack_timeout_seconds,
             "upload_retry_initial_seconds": self.upload_retry_initial_seconds,

@@ -27,6 +27,7 @@ class StorageStats:
     objects_uploaded: int = 0
     bytes_uploaded: int = 0
     upload_failures: int = 0  # failed attempts to write an object or commit a descriptor
+    object_write_waits: int = 0  # object writes that waited for the broker's write pacer
     objects_merged: int = 0  # small committed objects rewritten into bigger ones
     ack_timeouts: int = 0  # appends not committed to object storage in time (not acked)
     reader_retries: int = 0  # subscription readers restarted after a storage error

@@ -35,6 +35,7 @@ from ballast.storage.codec import Headers, Message
 from ballast.storage.config import AckMode, StorageConfig
 from ballast.storage.cursor import SubscriptionCursors
 from ballast.storage.objects import ObjectStore
+from ballast.storage.pacing import WritePacer
 from ballast.storage.reader import TieredRecord, read_tiered
 from ballast.storage.reservation import TopicClaim, TopicFencedError
 from ballast.storage.seal import (
@@ -138,7 +139,9 @@ class ReliableTopic:
         clock: Clock | None = None,
         config: StorageConfig | None = None,
         stats: StorageStats | None = None,
+        pacer: WritePacer | None = None,
     ) -> None:
+        """`stats` and `pacer` are shared by the topics of one broker (its own otherwise)."""
         self.topic = TopicName.parse(topic)
         self.broker_id = broker_id
         self.directory = Path(data_dir) / self.topic.namespace / self.topic.name
@@ -147,6 +150,7 @@ class ReliableTopic:
         self._clock: Clock = clock or SystemClock()
         self._config = config or StorageConfig()
         self.stats = stats or StorageStats()
+        self._pacer = pacer or WritePacer(self._config.max_object_writes_per_second)
         self._status = TopicStatus.NEW
         self._stack: contextlib.AsyncExitStack | None = None
         self._wal: WriteAheadLog | None = None
@@ -279,6 +283,7 @@ class ReliableTopic:
             gaps=gaps,
             claim=claim,
             catalog=catalog,
+            pacer=self._pacer,
         )
         cursors = SubscriptionCursors(
             self.topic,

@@ -57,6 +57,7 @@ from ballast.storage.catalog import (
 from ballast.storage.codec import Record
 from ballast.storage.config import StorageConfig
 from ballast.storage.objects import ObjectBuilder, ObjectStore, ObjectStoreError, read_object
+from ballast.storage.pacing import WritePacer
 from ballast.storage.reservation import TopicClaim, TopicFencedError
 from ballast.storage.seal import Gap, gap_end_after
 from ballast.storage.stats import StorageStats
@@ -113,6 +114,7 @@ class Uploader:
         gaps: Sequence[Gap] = (),
         claim: TopicClaim | None = None,
         catalog: ObjectCatalog | None = None,
+        pacer: WritePacer | None = None,
     ) -> None:
         self.topic = topic
         self._wal = wal
@@ -121,6 +123,7 @@ class Uploader:
         self._clock = clock
         self._config = config or StorageConfig()
         self._stats = stats or StorageStats()
+        self._pacer = pacer or WritePacer(self._config.max_object_writes_per_second)
         self._checkpoint = checkpoint
         self._written = checkpoint  # highest offset written to an object (committed or not)
         # With a claim: what was written and waits for its commit, in offset order (a
@@ -316,6 +319,11 @@ class Uploader:
                     )
                 self._skipped(first_local - 1)
                 continue
+            if self._claim is not None:
+                # The broker's turn for one object write; what arrives meanwhile joins it.
+                if await self._pacer.turn():
+                    self._stats.object_write_waits += 1
+                target = max(target, self._wal.committed_offset)
             builder = ObjectBuilder(self._config.index_interval_bytes)
             cursor = start
             contiguous = True
