@@ -102,6 +102,7 @@ async def setup(
                 },
                 "history": {"enabled": False},
                 "metrics": {"enabled": False},
+                "storage": {"data_dir": str(tmp_path / "data")},  # not the working dir
             }
         )
     )
@@ -189,6 +190,7 @@ async def test_broker_command_serves_and_leaves_gracefully_on_sigterm(
                 },
                 "history": {"enabled": False},
                 "metrics": {"enabled": False},
+                "storage": {"data_dir": str(tmp_path / "data")},  # not the working dir
             }
         )
     )
