@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ballast.balance.bundles import NamespaceBundles
+from ballast.balance.pulsar.bundles import NamespaceBundles
 from ballast.metadata import Compare, Delete, Put
 from ballast.model import BrokerId, ClusterSnapshot, Move, UnassignedMarker
 

@@ -64,9 +64,9 @@ from ballast.balance import (
     plan_failover,
     rank,
 )
-from ballast.balance.bundles import NamespaceBundles
 from ballast.balance.estimate import apply_move
-from ballast.balance.shedding import auto_split, prepare_snapshot
+from ballast.balance.pulsar.bundles import NamespaceBundles
+from ballast.balance.pulsar.policy import auto_split, prepare_snapshot
 from ballast.balance.smoothing import smooth_report
 from ballast.config import BallastConfig, PlacementUnit, RebalancingPolicy
 from ballast.leader.effects import (

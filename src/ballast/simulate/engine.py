@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ballast.balance import Decision, MoveHistory
-from ballast.balance.bundles import BundleError, NamespaceBundles
 from ballast.balance.imbalance import measure
+from ballast.balance.pulsar.bundles import BundleError, NamespaceBundles
 from ballast.balance.rebalance import active_scores
 from ballast.config import BallastConfig
 from ballast.leader import Bootstrap, LeaderMachine, Ready, Tick, Watched
