@@ -8,9 +8,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ballast.cluster import AdminClient, ClusterView, LocalCluster
-from ballast.cluster.view import RecordKind, classify
+from ballast.cluster import AdminClient, LocalCluster
 from ballast.config import BallastConfig, parse_config
+from ballast.leader.view import ClusterView, RecordKind, classify
 from ballast.metadata import MetadataStore, keys
 from ballast.model import BrokerMode
 

@@ -10,8 +10,9 @@ import pytest
 
 from ballast.clock import FakeClock, SystemClock
 from ballast.cluster import AdminClient, BrokerNode, ClusterMetrics, LocalCluster, SyntheticHost
-from ballast.cluster.records import assignment_value
 from ballast.cluster.resources import FixedSampler, ResourceUsage
+from ballast.leader.records import assignment_value
+from ballast.load_history import HISTORY_GLOB
 from ballast.metadata import MetadataStore, keys
 from ballast.metadata.memory import MemoryStore
 from ballast.model import (
@@ -22,7 +23,6 @@ from ballast.model import (
     MarkerReason,
     UnassignedMarker,
 )
-from ballast.pipeline.history import HISTORY_GLOB
 from tests.cluster.helpers import fast_config, host_mismatch, hosts_match, wait_settled, wait_until
 
 pytestmark = pytest.mark.timeout(60)

@@ -12,7 +12,7 @@ import pytest
 
 from ballast.clock import FakeClock, SystemClock
 from ballast.cluster import AdminClient, BrokerNode, LocalCluster, SyntheticHost
-from ballast.cluster.records import assignment_value
+from ballast.leader.records import assignment_value
 from ballast.metadata import MetadataUnavailableError, keys
 from ballast.metadata.memory import MemoryStore
 from ballast.model import Assignment, MarkerReason, UnassignedMarker

@@ -27,9 +27,9 @@ from ballast.balance import (
     select_broker,
 )
 from ballast.clock import Clock, SystemClock
-from ballast.cluster.records import TopicMeta, release_ops
-from ballast.cluster.view import ClusterView
 from ballast.config import BallastConfig, Strategy
+from ballast.leader.records import TopicMeta, release_ops
+from ballast.leader.view import ClusterView
 from ballast.metadata import (
     Compare,
     MetadataStore,

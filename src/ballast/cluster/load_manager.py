@@ -43,6 +43,7 @@ from ballast.leader import (
     WriteDone,
 )
 from ballast.leader.view import ClusterView
+from ballast.load_history import HistoryWriter
 from ballast.metadata import (
     MetadataStore,
     OutcomeUnknownError,
@@ -51,7 +52,6 @@ from ballast.metadata import (
     WatchEvent,
     keys,
 )
-from ballast.pipeline.history import HistoryWriter
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from ballast.balance.pulsar.bundles import (
 from ballast.balance.pulsar.domains import DomainError, FailureDomains
 from ballast.balance.pulsar.policy import default_layouts, with_bundles
 from ballast.cluster.admin import AdminClient, AdminError
-from ballast.cluster.view import ClusterView
 from ballast.config import PlacementUnit, SplitAlgorithm
+from ballast.leader.view import ClusterView
 from ballast.metadata import Compare, Delete, Put, keys
 from ballast.model import BrokerId, ClusterSnapshot, ModelError, TopicName, validate_broker_id
 

@@ -44,9 +44,9 @@ from pyspark.sql import types as T
 from ballast.balance.plan import plan_rebalance
 from ballast.balance.rankings import score_brokers
 from ballast.config import BallastConfig, Strategy
+from ballast.load_history import HISTORY_GLOB
 from ballast.pipeline import compact, report, shedding, snapshot, storage, transforms
 from ballast.pipeline.compact import DEFAULT_GRACE_SECONDS
-from ballast.pipeline.history import HISTORY_GLOB
 from ballast.pipeline.schemas import (
     BROKER_WINDOWS_SCHEMA,
     QUARANTINE_SCHEMA,
@@ -54,19 +54,6 @@ from ballast.pipeline.schemas import (
     TOPIC_WINDOWS_SCHEMA,
 )
 
-STAGES = (
-    "stage",
-    "compact",
-    "read",
-    "quarantine",
-    "brokers",
-    "strategies",
-    "topics",
-    "policies",
-    "plan",
-    "report",
-    "upload",
-)
 TABLES = ("broker_windows", "topic_windows", "strategy_comparison", "quarantine")
 TOP_TOPICS = 15
 
