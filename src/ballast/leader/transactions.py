@@ -23,6 +23,7 @@ from ballast.leader.intents import (
     Place,
     RecordOwner,
     Release,
+    Relocation,
     RemoveOwner,
     Repair,
     SplitBundles,
@@ -228,27 +229,35 @@ def _place(part: Place) -> Txn:
     return Txn(tuple(compares), tuple(ops), what, part)
 
 
+def move_write(r: Relocation, now: float) -> tuple[Compare, list[Put | Delete]]:
+    """Phase 1 of a move, the leader's and the admin's alike: the source's assignment
+    (compared on the revision read) and ownership record released, a rebalance marker
+    {from, to, ready: false} and the history record written."""
+    move = r.move
+    marker = UnassignedMarker(
+        MarkerReason.REBALANCE,
+        from_broker=move.from_broker,
+        to_broker=move.to_broker,
+        timestamp=now,
+        ready=False,
+    )
+    guard = Compare.mod_revision_equals(
+        keys.broker_assignment(move.from_broker, move.topic), r.revision
+    )
+    ops = [
+        *release_ops(move.from_broker, move.topic),
+        Put(keys.unassigned(move.topic), marker.to_dict()),
+        Put(r.history_key, move.to_dict()),
+    ]
+    return guard, ops
+
+
 def _move(part: MoveTopics) -> Txn:
     compares: list[Compare] = []
     ops: list[Put | Delete] = []
     for r in part.relocations:
-        move = r.move
-        marker = UnassignedMarker(
-            MarkerReason.REBALANCE,
-            from_broker=move.from_broker,
-            to_broker=move.to_broker,
-            timestamp=part.now,
-            ready=False,
-        )
-        compares.append(
-            Compare.mod_revision_equals(
-                keys.broker_assignment(move.from_broker, move.topic), r.revision
-            )
-        )
-        ops += [
-            *release_ops(move.from_broker, move.topic),
-            Put(keys.unassigned(move.topic), marker.to_dict()),
-            Put(r.history_key, move.to_dict()),
-        ]
+        guard, writes = move_write(r, part.now)
+        compares.append(guard)
+        ops += writes
     what = _several("move", [r.move.topic for r in part.relocations])
     return Txn(tuple(compares), tuple(ops), what, part)
