@@ -39,6 +39,12 @@ With `placement_unit: bundle`, every snapshot carries the namespaces' bundle lay
 stored ``/cluster/bundles/`` records, Pulsar's default layout for the others), so
 placement, failover and the shedders keep a bundle's topics on one broker.
 
+Each step of a round returns typed intents (`leader.intents`); `leader.transactions` turns
+them into transactions (one chunker keeps each within etcd's limits), and every write in
+flight is keyed by its id to the part of the intent it carries, which is what its outcome
+books. The `Ready` tells the shell the decision of a check and the moves made, so nobody
+reads the machine's state from outside.
+
 Every write carries compares on what the decision read; "never two owners" costs ONE
 compare per topic (its ownership record is absent), whatever the number of brokers. A
 failed write is dropped: its keys come back read again, and the next round decides from
