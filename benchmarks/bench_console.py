@@ -37,9 +37,8 @@ import httpx
 
 from ballast.clock import SystemClock
 from ballast.cluster import AdminClient
-from ballast.cluster.records import TopicMeta
 from ballast.console import LiveCluster
-from ballast.leader.records import Registration
+from ballast.leader.records import Registration, TopicMeta
 from ballast.metadata import keys
 from ballast.metadata.memory import MemoryStore
 from ballast.model import LoadReport, Move, TopicLoad

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from ballast.balance.replicas import (
+from ballast.balance.kafka.replicas import (
     KafkaBroker,
     ReplicaPlan,
     TopicReplicas,

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ballast.balance import MoveHistory, decide_rebalance
-from ballast.balance.shedders import (
+from ballast.balance.pulsar.shedders import (
     SheddingInput,
     overload_shedder,
     threshold_shedder,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ballast.balance.reassignment import parse_assignment
+from ballast.balance.kafka.reassignment import parse_assignment
 from ballast.cli.main import app
 
 

@@ -22,7 +22,7 @@ class Strategy(StrEnum):
     FAIR = "fair"
     BALANCED = "balanced"
     WEIGHTED_LOAD = "weighted_load"
-    # Pulsar's placement strategies (balance/pulsar_strategies.py).
+    # Pulsar's placement strategies (balance/pulsar/strategies.py).
     LEAST_LONG_TERM_MESSAGE_RATE = "least_long_term_message_rate"
     LEAST_RESOURCE_USAGE_WITH_WEIGHT = "least_resource_usage_with_weight"
 

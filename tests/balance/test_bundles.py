@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ballast.balance.bundles import (
+from ballast.balance.pulsar.bundles import (
     FULL_UPPER,
     BundleError,
     BundleRange,

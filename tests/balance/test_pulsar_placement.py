@@ -9,15 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ballast.balance import plan_failover, select_broker
-from ballast.balance.bundles import NamespaceBundles
-from ballast.balance.domains import (
+from ballast.balance.estimate import add_topic
+from ballast.balance.pulsar.bundles import NamespaceBundles
+from ballast.balance.pulsar.domains import (
     DomainError,
     FailureDomains,
     filter_anti_affinity,
     should_unload,
 )
-from ballast.balance.estimate import add_topic
-from ballast.balance.pulsar_strategies import (
+from ballast.balance.pulsar.strategies import (
     least_long_term_message_rate,
     least_resource_usage_with_weight,
 )

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ballast.balance import MoveHistory, decide_rebalance
-from ballast.balance.bundles import NamespaceBundles
 from ballast.balance.estimate import apply_move
+from ballast.balance.pulsar.bundles import NamespaceBundles
+from ballast.balance.pulsar.policy import _rescored, auto_split
 from ballast.balance.rankings import score_brokers
-from ballast.balance.shedding import _rescored, auto_split
 from ballast.config import (
     ConfigError,
     PulsarConfig,

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from ballast.balance.reassignment import (
+from ballast.balance.kafka.reassignment import (
     dumps,
     parse_assignment,
     parse_broker_ids,
@@ -21,8 +21,7 @@ from ballast.balance.reassignment import (
     reassignment_document,
     rollback_document,
 )
-from ballast.balance.replica_targets import spread_extras, water_fill
-from ballast.balance.replicas import (
+from ballast.balance.kafka.replicas import (
     BrokerLayout,
     KafkaBroker,
     PartitionAssignment,
@@ -37,6 +36,7 @@ from ballast.balance.replicas import (
     round_robin_moves,
     topic_counts,
 )
+from ballast.balance.kafka.targets import spread_extras, water_fill
 
 
 def plan_of(

@@ -9,8 +9,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ballast.balance import pulsar_strategies, shedders
-from ballast.balance.shedders import (
+from ballast.balance.pulsar import shedders, strategies
+from ballast.balance.pulsar.shedders import (
     SheddingInput,
     max_usage_with_weight,
     overload_shedder,
@@ -194,7 +194,7 @@ def test_threshold_broker_threshold_sheds_a_broker_above_100_percent() -> None:
 def test_the_weighted_max_is_one_function_for_shedders_strategies_and_spark() -> None:
     # One definition (`resource_usage_score`, percent; `max_usage_with_weight` is it / 100):
     # the two helpers used to disagree above 100 %.
-    assert pulsar_strategies.resource_usage_score is shedders.resource_usage_score
+    assert strategies.resource_usage_score is shedders.resource_usage_score
     cfg = PulsarConfig(memory_resource_weight=0.5)
     res = np.array([[70.0, 180.0, 0.0, 120.0, 30.0], [10.0, 5.0, 0.0, 0.0, 0.0]])
     direct = np.asarray(shedders.resource_usage_score(*res.T, cfg)) / 100

@@ -8,9 +8,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ballast.cluster import AdminClient, ClusterView, LocalCluster
-from ballast.cluster.view import RecordKind, classify
+from ballast.clock import FakeClock
+from ballast.cluster import AdminClient, LocalCluster
 from ballast.config import BallastConfig, parse_config
+from ballast.leader.view import ClusterView, RecordKind, classify
 from ballast.metadata import MetadataStore, keys
 from ballast.model import BrokerMode
 
@@ -68,12 +69,50 @@ async def wait_until(
         await asyncio.sleep(interval)
 
 
+async def wait_virtual(
+    clock: FakeClock,
+    check: Callable[[], Awaitable[bool]],
+    timeout: float,
+    what: str,
+    step: float = 0.05,
+) -> float:
+    """Advance `clock` in `step`s until `check` is true; return the virtual seconds it took.
+    Fails with `what` once `timeout` virtual seconds have passed: where time is the point
+    (a TTL, a timeout), the bound then holds however loaded the machine is."""
+    start = clock.now()
+    while not await check():
+        if clock.now() - start > timeout:
+            raise AssertionError(f"timed out after {timeout}s (virtual) waiting for: {what}")
+        await clock.advance(step)
+    return clock.now() - start
+
+
 async def settled(admin: AdminClient, topics: int) -> ClusterView | None:
     """The view if exactly `topics` topics are assigned and no marker is pending."""
     view = await admin.view()
     if len(view.owners) == topics and not view.markers:
         return view
     return None
+
+
+def leading(cluster: LocalCluster) -> Callable[[], Awaitable[bool]]:
+    """A check (for `wait_virtual`): some broker leads, its session bootstrapped."""
+
+    async def check() -> bool:
+        leader = cluster.leader()
+        session = leader.manager.session if leader is not None else None
+        return session is not None and session.ready.is_set()
+
+    return check
+
+
+def all_settled(admin: AdminClient, topics: int) -> Callable[[], Awaitable[bool]]:
+    """A check (for `wait_virtual`): `topics` topics assigned, no marker pending."""
+
+    async def check() -> bool:
+        return await settled(admin, topics) is not None
+
+    return check
 
 
 async def wait_settled(admin: AdminClient, topics: int, timeout: float) -> ClusterView:

@@ -10,8 +10,9 @@ import pytest
 
 from ballast.clock import FakeClock, SystemClock
 from ballast.cluster import AdminClient, BrokerNode, ClusterMetrics, LocalCluster, SyntheticHost
-from ballast.cluster.records import assignment_value
 from ballast.cluster.resources import FixedSampler, ResourceUsage
+from ballast.leader.records import assignment_value
+from ballast.load_history import HISTORY_GLOB
 from ballast.metadata import MetadataStore, keys
 from ballast.metadata.memory import MemoryStore
 from ballast.model import (
@@ -22,7 +23,6 @@ from ballast.model import (
     MarkerReason,
     UnassignedMarker,
 )
-from ballast.pipeline.history import HISTORY_GLOB
 from tests.cluster.helpers import fast_config, host_mismatch, hosts_match, wait_settled, wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -179,10 +179,23 @@ async def test_metrics_cover_the_documented_series(store: MetadataStore) -> None
         leader = await cluster.wait_leader()
         await admin.create_topics(f"/x/t{i}" for i in range(4))
         await wait_settled(admin, 4, timeout=10)
+
+        def assigned() -> float:
+            return sum(
+                leader.metrics.sample(
+                    "ballast_topic_assignments_total", {"broker_id": b, "action": "assign"}
+                )
+                for b in ("b1", "b2")
+            )
+
+        # The counters move once the leader has processed its writes' outcomes, which can
+        # be after the store (and so `wait_settled`) shows them: wait on the metrics.
         await wait_until(
-            lambda: _async(leader.metrics.sample("ballast_cluster_active_brokers") == 2),
+            lambda: _async(
+                leader.metrics.sample("ballast_cluster_active_brokers") == 2 and assigned() >= 4
+            ),
             5,
-            "balance gauges",
+            "balance gauges and assignment counters",
         )
         text = leader.metrics.exposition().decode()
         for name in (
@@ -205,13 +218,7 @@ async def test_metrics_cover_the_documented_series(store: MetadataStore) -> None
             "ballast_rejected_records_total",
         ):
             assert name in text, name
-        assigned = sum(
-            leader.metrics.sample(
-                "ballast_topic_assignments_total", {"broker_id": b, "action": "assign"}
-            )
-            for b in ("b1", "b2")
-        )
-        assert assigned == 4
+        assert assigned() == 4
         assert leader.metrics.sample("ballast_leader") == 1
         follower = next(p for b, p in cluster.brokers.items() if b != leader.broker_id)
         assert follower.metrics.sample("ballast_leader") == 0

@@ -15,21 +15,25 @@ from collections import Counter
 
 import pytest
 
-from ballast.clock import SystemClock
+from ballast.clock import FakeClock, SystemClock
 from ballast.cluster import AdminClient, LocalCluster
 from ballast.metadata import MetadataStore, keys
+from ballast.metadata.memory import MemoryStore
 from ballast.model import MarkerReason
 from tests.cluster.helpers import (
     FAST_REBALANCING,
+    all_settled,
     counts,
     fast_config,
     host_mismatch,
     hosts_match,
     is_drained,
+    leading,
     replay,
     settled,
     wait_settled,
     wait_until,
+    wait_virtual,
 )
 
 pytestmark = pytest.mark.timeout(90)
@@ -118,41 +122,44 @@ async def test_killed_broker_topics_are_owned_elsewhere_within_ttl(store: Metada
         await wait_until(lambda: hosts_match(cluster, admin), 5, "hosts serve their topics")
 
 
-@pytest.mark.parametrize("store", ["memory"], indirect=True)
-async def test_killed_leader_is_replaced_and_nothing_is_lost(store: MetadataStore) -> None:
-    clock = SystemClock()
+async def test_killed_leader_is_replaced_and_nothing_is_lost() -> None:
+    # On a fake clock: the TTL is the point, and virtual time bounds it exactly.
+    clock = FakeClock()
     ttl = 2.0
     config = fast_config(ttl=ttl)
-    admin = AdminClient(store, clock, config)
-    async with LocalCluster(store, clock, config) as cluster:
-        await start(cluster, "b1", "b2", "b3")
-        await admin.create_topics(f"/l/t{i}" for i in range(30))
-        await wait_settled(admin, 30, timeout=20)
-        old = cluster.leader()
-        assert old is not None
-        await cluster.kill_broker(old.broker_id)
+    async with MemoryStore(clock) as store:
+        admin = AdminClient(store, clock, config)
+        async with LocalCluster(store, clock, config) as cluster:
+            for broker in ("b1", "b2", "b3"):
+                await cluster.start_broker(broker)
+            await wait_virtual(clock, leading(cluster), 5, "a leader")
+            await admin.create_topics(f"/l/t{i}" for i in range(30))
+            await wait_virtual(clock, all_settled(admin, 30), 20, "30 topics assigned")
+            old = cluster.leader()
+            assert old is not None
+            await cluster.kill_broker(old.broker_id)
 
-        async def new_leader() -> bool:
-            current = await admin.leader()
-            return current is not None and current["broker_id"] != old.broker_id
+            async def new_leader() -> bool:
+                current = await admin.leader()
+                return current is not None and current["broker_id"] != old.broker_id
 
-        took = await wait_until(new_leader, ttl + 2, "a new leader")
-        assert took <= ttl + 2
-        # Topics created while there was no leader, and the dead leader's own topics,
-        # all end up assigned.
-        await admin.create_topics(f"/l/late{i}" for i in range(10))
+            took = await wait_virtual(clock, new_leader, ttl + 2, "a new leader")
+            assert took <= ttl + 2
+            # Topics created while there was no leader, and the dead leader's own topics,
+            # all end up assigned.
+            await admin.create_topics(f"/l/late{i}" for i in range(10))
 
-        async def on_live_brokers() -> bool:
-            # (A late topic may land on the dead leader while its registration lives on;
-            # its failover follows the expiry.)
-            view = await settled(admin, 40)
-            return (
-                view is not None
-                and old.broker_id not in view.registrations
-                and old.broker_id not in view.by_broker
-            )
+            async def on_live_brokers() -> bool:
+                # (A late topic may land on the dead leader while its registration lives
+                # on; its failover follows the expiry.)
+                view = await settled(admin, 40)
+                return (
+                    view is not None
+                    and old.broker_id not in view.registrations
+                    and old.broker_id not in view.by_broker
+                )
 
-        await wait_until(on_live_brokers, ttl + 5, "every topic on a live broker")
+            await wait_virtual(clock, on_live_brokers, ttl + 5, "every topic on a live broker")
 
 
 @pytest.mark.parametrize("store", ["etcd"], indirect=True)

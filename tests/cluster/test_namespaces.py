@@ -9,9 +9,9 @@ import pytest
 
 from ballast.cluster.admin import AdminClient, AdminError
 from ballast.cluster.namespaces import NamespaceAdmin
-from ballast.cluster.records import Registration, TopicMeta
-from ballast.cluster.view import ClusterView
 from ballast.config import parse_config
+from ballast.leader.records import Registration, TopicMeta
+from ballast.leader.view import ClusterView
 from ballast.metadata import keys
 from ballast.metadata.memory import MemoryStore
 from ballast.model import Assignment, LoadReport, TopicLoad

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from ballast.clock import FakeClock, SystemClock
+from ballast.clock import FakeClock
 from ballast.cluster import AdminClient, BrokerNode, LocalCluster, SyntheticHost
-from ballast.cluster.records import assignment_value
+from ballast.leader.records import assignment_value
 from ballast.metadata import MetadataUnavailableError, keys
 from ballast.metadata.memory import MemoryStore
 from ballast.model import Assignment, MarkerReason, UnassignedMarker
-from tests.cluster.helpers import fast_config, wait_settled, wait_until
+from tests.cluster.helpers import all_settled, fast_config, leading, wait_virtual
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -104,30 +104,33 @@ async def test_failing_host_calls_are_counted_retried_and_the_broker_keeps_servi
 
 async def test_a_source_that_cannot_seal_is_overruled_after_the_seal_timeout() -> None:
     """End to end: b1's host fails every unload; the leader forces the move after
-    `seal_timeout_seconds` and the new owner learns why (the forced reason)."""
-    clock = SystemClock()
+    `seal_timeout_seconds` and the new owner learns why (the forced reason). On a fake
+    clock: the timeout is the point."""
+    clock = FakeClock()
     config = fast_config(rebalancing={"enabled": False, "seal_timeout_seconds": 1.0})
     async with MemoryStore(clock) as store:
         admin = AdminClient(store, clock, config)
         async with LocalCluster(store, clock, config) as cluster:
             for broker in ("b1", "b2"):
                 await cluster.start_broker(broker)
-            await cluster.wait_leader()
+            await wait_virtual(clock, leading(cluster), 5, "a leader")
             await admin.create_topic("/ns/stuck", hint="b1")
-            await wait_settled(admin, 1, timeout=10)
+            await wait_virtual(clock, all_settled(admin, 1), 10, "the topic assigned")
 
             async def cannot_seal(topic: str) -> Any:
                 raise RuntimeError(f"the object store is down: cannot seal {topic}")
 
             cluster.host("b1").unload = cannot_seal  # type: ignore[method-assign]
             await admin.unload_topic("/ns/stuck")
-            view = await wait_settled(admin, 1, timeout=10)
+            took = await wait_virtual(clock, all_settled(admin, 1), 10, "the move forced")
+            assert took >= 1.0  # not before the seal timeout
+            view = await admin.view()
             assert view.owner("/ns/stuck") == "b2"
 
             async def loaded() -> bool:
                 return "/ns/stuck" in cluster.host("b2").topics
 
-            await wait_until(loaded, 5, "b2 loads the topic")
+            await wait_virtual(clock, loaded, 5, "b2 loads the topic")
             marker = cluster.host("b2").topics["/ns/stuck"]
             assert marker is not None and marker.forced is not None
             assert marker.forced.startswith("[seal-timeout] b1 did not seal /ns/stuck")

@@ -9,11 +9,11 @@ import pytest
 
 from ballast.clock import SystemClock
 from ballast.cluster import AdminClient
-from ballast.cluster.view import ClusterView
 from ballast.console import BalanceSample, LiveCluster
 from ballast.console.app import bucket_samples, filter_moves
 from ballast.console.targets import prometheus_targets
 from ballast.leader.records import Registration
+from ballast.leader.view import ClusterView
 from ballast.metadata import KeyValue, Listing, keys
 from ballast.metadata.etcd import EtcdStore
 from ballast.model import Move

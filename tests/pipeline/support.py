@@ -10,9 +10,9 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
+from ballast.load_history import HistoryWriter
 from ballast.model import BrokerMode, LoadReport, TopicLoad
 from ballast.pipeline import compact, transforms
-from ballast.pipeline.history import HistoryWriter
 from ballast.pipeline.schemas import BROKER_TABLE_SCHEMA, TOPIC_TABLE_SCHEMA
 
 START = 1_767_225_600.0  # 2026-01-01T00:00:00Z, a window boundary for every window size

@@ -12,12 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
+from ballast.load_history import history_line
 from ballast.model import PYTHON_OPS, LoadReport, TopicLoad, report_totals
 from ballast.pipeline import arrow_compact, compact
 from ballast.pipeline.arrow_compact import FAST_ID_BASE, SEGMENT_OPS, Segments
 from ballast.pipeline.compact import Hour
 from ballast.pipeline.generate import GeneratorSpec, generate_history
-from ballast.pipeline.history import history_line
 
 from .support import START, compacted
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from ballast.load_history import HistoryWriter, history_dir, history_line, history_path
 from ballast.model import LoadReport, ModelError, TopicLoad
-from ballast.pipeline.history import HistoryWriter, history_dir, history_line, history_path
 
 T = 1_767_229_261.5  # 2026-01-01T01:01:01.5Z
 

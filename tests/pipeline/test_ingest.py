@@ -11,8 +11,8 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from ballast.load_history import history_line
 from ballast.model import LoadReport, TopicLoad
-from ballast.pipeline.history import history_line
 
 from .support import START, compacted, write_history, write_lines
 

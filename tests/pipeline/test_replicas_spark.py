@@ -9,7 +9,7 @@ import pytest
 from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
-from ballast.balance.replicas import (
+from ballast.balance.kafka.replicas import (
     KafkaBroker,
     PartitionAssignment,
     group_topics,

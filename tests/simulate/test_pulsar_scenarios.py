@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from ballast.balance.bundles import NamespaceBundles
+from ballast.balance.pulsar.bundles import NamespaceBundles
 from ballast.simulate.engine import EPOCH, Simulator, simulate
 from ballast.simulate.scenario import load_scenario
 

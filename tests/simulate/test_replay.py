@@ -38,6 +38,7 @@ async def test_simulator_and_a_replay_into_the_live_leader_decide_alike(name: st
         for i, (event, expected) in enumerate(zip(sim.inputs, sim.outputs, strict=True)):
             got = session.machine.step(event)
             assert effects_text(got) == effects_text(expected), f"step {i}: {event!r}"
+            assert (got.decision, got.moved) == (expected.decision, expected.moved), f"step {i}"
 
     assert session.history.moves == tuple(result.moves)
     if name == "scale-out":

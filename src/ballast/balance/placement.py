@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ballast.balance.bundles import NamespaceBundles
-from ballast.balance.domains import filter_anti_affinity, group_counts
 from ballast.balance.estimate import add_topic, remove_broker, topic_weight
-from ballast.balance.pulsar_strategies import PULSAR_STRATEGIES, select_pulsar
+from ballast.balance.pulsar.bundles import NamespaceBundles
+from ballast.balance.pulsar.domains import filter_anti_affinity, group_counts
+from ballast.balance.pulsar.strategies import PULSAR_STRATEGIES, select_pulsar
 from ballast.balance.rankings import broker_metrics, score_brokers, scores_from_metrics
 from ballast.config import PulsarConfig, Strategy
 from ballast.model import (

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from ballast.balance.estimate import apply_move
 from ballast.balance.history import MoveHistory
 from ballast.balance.imbalance import Imbalance, measure
+from ballast.balance.pulsar.policy import shed
 from ballast.balance.rebalance import active_scores, find_move
-from ballast.balance.shedding import shed
 from ballast.config import PulsarConfig, RebalancingConfig, RebalancingPolicy, Strategy
 from ballast.model import ClusterSnapshot, Move
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ballast.balance.pulsar_strategies import pulsar_scores
+from ballast.balance.pulsar.strategies import pulsar_scores
 from ballast.balance.scoring import (
     NUMPY_OPS,
     balanced_score,

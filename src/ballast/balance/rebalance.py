@@ -18,9 +18,9 @@ from ballast.balance.estimate import apply_move, broker_topic_load, idle_baselin
 from ballast.balance.history import MoveHistory
 from ballast.balance.imbalance import Imbalance, measure, sum_squared_deviations
 from ballast.balance.noise import is_return, overshoots, spread_hold
+from ballast.balance.pulsar.policy import move_budget, shed
 from ballast.balance.rankings import score_brokers
 from ballast.balance.scoring import balanced_score
-from ballast.balance.shedding import move_budget, shed
 from ballast.config import PulsarConfig, RebalancingConfig, RebalancingPolicy, Strategy
 from ballast.model import BrokerId, ClusterSnapshot, Move
 

@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ballast.balance.bundles import BundleError, parse_position
+from ballast.balance.pulsar.bundles import BundleError, parse_position
 from ballast.cli.cluster import (
     DEFAULT_ETCD,
     ConfigOption,

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ballast.balance.reassignment import (
+from ballast.balance.kafka.reassignment import (
     dumps,
     parse_assignment,
     parse_broker_ids,
@@ -26,7 +26,7 @@ from ballast.balance.reassignment import (
     reassignment_document,
     rollback_document,
 )
-from ballast.balance.replicas import (
+from ballast.balance.kafka.replicas import (
     ReplicaInputError,
     ReplicaPlan,
     check_feasible,

@@ -12,7 +12,6 @@ from ballast.cluster.election import FenceLost, LeaderElection, Term
 from ballast.cluster.host import SyntheticHost, TopicHost, TrafficProfile
 from ballast.cluster.load_manager import LeaderSession, LoadManager
 from ballast.cluster.metrics import ClusterMetrics
-from ballast.cluster.view import ClusterView
 
 __all__ = [
     "AdminClient",
@@ -20,7 +19,6 @@ __all__ = [
     "BrokerNode",
     "BrokerProcess",
     "ClusterMetrics",
-    "ClusterView",
     "FenceLost",
     "LeaderElection",
     "LeaderSession",

@@ -27,9 +27,11 @@ from ballast.balance import (
     select_broker,
 )
 from ballast.clock import Clock, SystemClock
-from ballast.cluster.records import TopicMeta, release_ops
-from ballast.cluster.view import ClusterView
 from ballast.config import BallastConfig, Strategy
+from ballast.leader.intents import Relocation
+from ballast.leader.records import TopicMeta, release_ops
+from ballast.leader.transactions import move_write
+from ballast.leader.view import ClusterView
 from ballast.metadata import (
     Compare,
     MetadataStore,
@@ -455,22 +457,11 @@ class AdminClient:
             recorded = Move(
                 move.topic, move.from_broker, move.to_broker, "Admin", move.estimated_load, now
             )
-            marker = UnassignedMarker(
-                MarkerReason.REBALANCE,
-                from_broker=move.from_broker,
-                to_broker=move.to_broker,
-                timestamp=now,
-                ready=False,
+            relocation = Relocation(
+                recorded, owners[move.from_broker], keys.rebalancing_history(now, seq)
             )
-            key = keys.broker_assignment(move.from_broker, move.topic)
-            result = await self.store.txn(
-                [Compare.mod_revision_equals(key, owners[move.from_broker])],
-                [
-                    *release_ops(move.from_broker, move.topic),
-                    Put(keys.unassigned(move.topic), marker.to_dict()),
-                    Put(keys.rebalancing_history(now, seq), recorded.to_dict()),
-                ],
-            )
+            guard, ops = move_write(relocation, now)
+            result = await self.store.txn([guard], ops)
             outcomes.append(
                 MoveOutcome(
                     move,

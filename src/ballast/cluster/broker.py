@@ -31,10 +31,10 @@ from typing import Any
 from ballast.clock import Clock
 from ballast.cluster.host import TopicHost
 from ballast.cluster.metrics import ClusterMetrics
-from ballast.cluster.records import Registration, parse_assignment_value, release_ops
 from ballast.cluster.resources import PsutilSampler, ResourceSampler
 from ballast.cluster.service import Service, keep_alive, watching
 from ballast.config import BallastConfig
+from ballast.leader.records import Registration, parse_assignment_value, release_ops
 from ballast.metadata import (
     Compare,
     Lease,

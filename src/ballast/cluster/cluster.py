@@ -26,9 +26,9 @@ from ballast.cluster.load_manager import LoadManager
 from ballast.cluster.metrics import ClusterMetrics
 from ballast.cluster.resources import ResourceSampler
 from ballast.config import BallastConfig
+from ballast.load_history import HistoryWriter
 from ballast.metadata import MetadataStore
 from ballast.model import BrokerId
-from ballast.pipeline.history import HistoryWriter
 from ballast.server.host import DataPlaneHost
 
 log = logging.getLogger(__name__)

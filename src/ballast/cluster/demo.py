@@ -31,8 +31,8 @@ from ballast.cluster.cluster import LocalCluster
 from ballast.cluster.host import mixed_profiles
 from ballast.cluster.live import LiveCluster
 from ballast.cluster.traffic import LiveTraffic, TrafficVerdict
-from ballast.cluster.view import ClusterView
 from ballast.config import BallastConfig, parse_config
+from ballast.leader.view import ClusterView
 from ballast.metadata import MetadataStore, keys
 from ballast.metadata.factory import open_store
 from ballast.model import BrokerMode

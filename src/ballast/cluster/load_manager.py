@@ -43,6 +43,7 @@ from ballast.leader import (
     WriteDone,
 )
 from ballast.leader.view import ClusterView
+from ballast.load_history import HistoryWriter
 from ballast.metadata import (
     MetadataStore,
     OutcomeUnknownError,
@@ -51,7 +52,6 @@ from ballast.metadata import (
     WatchEvent,
     keys,
 )
-from ballast.pipeline.history import HistoryWriter
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +158,8 @@ class LeaderSession:
             rankings_interval=manager.rankings_interval,
         )
         self.ready = asyncio.Event()  # set once bootstrapped
+        # The latest rebalancing decision, as the machine's `Ready`s tell.
+        self.last_decision: Decision | None = None
         self.steps = 0
         self._inbox: asyncio.Queue[Any] = asyncio.Queue()
 
@@ -169,15 +171,14 @@ class LeaderSession:
 
     @property
     def history(self) -> MoveHistory:
-        return self.machine.history
+        """The moves recorded under ``/cluster/rebalancing_history/``, ours included as
+        soon as their write succeeded (the view applies our writes)."""
+        return MoveHistory.of(self.view.moves.values())
 
     @property
     def episode(self) -> bool:
-        return self.machine.episode
-
-    @property
-    def last_decision(self) -> Decision | None:
-        return self.machine.last_decision
+        """Whether the last check left a rebalancing episode open."""
+        return self.last_decision is not None and self.last_decision.episode
 
     def balance(self) -> dict[str, Any]:
         """Rankings and balance statistics of the current view."""
@@ -239,6 +240,8 @@ class LeaderSession:
         while queue:
             current = queue.popleft()
             self.steps += 1
+            if current.decision is not None:
+                self.last_decision = current.decision
             for start in range(0, len(current.writes), WRITES_IN_FLIGHT):
                 chunk = current.writes[start : start + WRITES_IN_FLIGHT]
                 outcomes = await asyncio.gather(*(self._perform_write(w) for w in chunk))

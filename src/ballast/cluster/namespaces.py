@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ballast.balance.bundles import (
+from ballast.balance.pulsar.bundles import (
     BundleError,
     BundleRange,
     NamespaceBundles,
@@ -18,11 +18,11 @@ from ballast.balance.bundles import (
     parse_algorithm,
     split_positions,
 )
-from ballast.balance.domains import DomainError, FailureDomains
-from ballast.balance.shedding import default_layouts, with_bundles
+from ballast.balance.pulsar.domains import DomainError, FailureDomains
+from ballast.balance.pulsar.policy import default_layouts, with_bundles
 from ballast.cluster.admin import AdminClient, AdminError
-from ballast.cluster.view import ClusterView
 from ballast.config import PlacementUnit, SplitAlgorithm
+from ballast.leader.view import ClusterView
 from ballast.metadata import Compare, Delete, Put, keys
 from ballast.model import BrokerId, ClusterSnapshot, ModelError, TopicName, validate_broker_id
 
@@ -375,6 +375,6 @@ class NamespaceAdmin:
 
 
 def _hash(topic: str) -> int:
-    from ballast.balance.bundles import topic_hash
+    from ballast.balance.pulsar.bundles import topic_hash
 
     return topic_hash(str(TopicName.parse(topic)))

@@ -23,7 +23,7 @@ from typing import Any, Self
 from ballast.aio import TaskOwner
 from ballast.clock import Clock
 from ballast.cluster.admin import AdminClient, BrokerInfo
-from ballast.cluster.view import BadRecord, ClusterView, RecordKind
+from ballast.leader.view import BadRecord, ClusterView, RecordKind
 from ballast.metadata import MetadataError, MetadataStore, keys
 from ballast.model import Move
 

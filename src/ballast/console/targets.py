@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from ballast.cluster.view import ClusterView
+from ballast.leader.view import ClusterView
 
 
 def prometheus_targets(view: ClusterView) -> list[dict[str, Any]]:

@@ -2,6 +2,9 @@
 
 `LeaderMachine.step(event) -> Ready`; the live leader (`cluster.load_manager`), the
 simulator (`simulate.engine`) and the scripted tests (`tests/leader/testdata`) drive it.
+In parts: `effects` (events and effects), `machine` (learning, the round, booking
+outcomes), `intents` (what a round decided to write), `transactions` (intents into
+guarded writes), `view` and `records` (the cluster's records, decoded).
 """
 
 from ballast.leader.effects import (

@@ -12,8 +12,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ballast.balance import Decision
 from ballast.metadata import Compare, Delete, Listing, Put, WatchEvent
-from ballast.model import BrokerMode, LoadReport
+from ballast.model import BrokerMode, LoadReport, Move
 
 # -- events ------------------------------------------------------------------------------
 
@@ -122,13 +123,19 @@ class LogLine:
 @dataclass(frozen=True)
 class Ready:
     """Effects to perform, in this order: writes (each outcome fed back), rankings,
-    history records, metrics, log lines."""
+    history records, metrics, log lines.
+
+    It also tells what the step decided, for whoever drives the machine (the admin, the
+    simulator) to keep without reading the machine's insides: `decision`, the rebalancing
+    decision of a check made in this step, and `moved`, the moves whose write succeeded."""
 
     writes: tuple[Write, ...] = ()
     rankings: PostRankings | None = None
     history: tuple[HistoryRecord, ...] = ()
     metrics: tuple[MetricDelta, ...] = ()
     logs: tuple[LogLine, ...] = ()
+    decision: Decision | None = None
+    moved: tuple[Move, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -144,6 +151,8 @@ class Collector:
     history: list[HistoryRecord] = field(default_factory=list)
     metrics: list[MetricDelta] = field(default_factory=list)
     logs: list[LogLine] = field(default_factory=list)
+    decision: Decision | None = None
+    moved: list[Move] = field(default_factory=list)
 
     def metric(self, name: str, value: float = 1.0, **labels: str) -> None:
         self.metrics.append(MetricDelta(name, value, tuple(sorted(labels.items()))))
@@ -164,4 +173,6 @@ class Collector:
             tuple(self.history),
             tuple(self.metrics),
             tuple(self.logs),
+            self.decision,
+            tuple(self.moved),
         )

@@ -39,6 +39,12 @@ With `placement_unit: bundle`, every snapshot carries the namespaces' bundle lay
 stored ``/cluster/bundles/`` records, Pulsar's default layout for the others), so
 placement, failover and the shedders keep a bundle's topics on one broker.
 
+Each step of a round returns typed intents (`leader.intents`); `leader.transactions` turns
+them into transactions (one chunker keeps each within etcd's limits), and every write in
+flight is keyed by its id to the part of the intent it carries, which is what its outcome
+books. The `Ready` tells the shell the decision of a check and the moves made, so nobody
+reads the machine's state from outside.
+
 Every write carries compares on what the decision read; "never two owners" costs ONE
 compare per topic (its ownership record is absent), whatever the number of brokers. A
 failed write is dropped: its keys come back read again, and the next round decides from
@@ -50,7 +56,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -64,9 +70,9 @@ from ballast.balance import (
     plan_failover,
     rank,
 )
-from ballast.balance.bundles import NamespaceBundles
 from ballast.balance.estimate import apply_move
-from ballast.balance.shedding import auto_split, prepare_snapshot
+from ballast.balance.pulsar.bundles import NamespaceBundles
+from ballast.balance.pulsar.policy import auto_split, prepare_snapshot
 from ballast.balance.smoothing import smooth_report
 from ballast.config import BallastConfig, PlacementUnit, RebalancingPolicy
 from ballast.leader.effects import (
@@ -83,7 +89,27 @@ from ballast.leader.effects import (
     Write,
     WriteDone,
 )
-from ballast.leader.records import assignment_value, claim_ops, owner_value, release_ops
+from ballast.leader.intents import (
+    Drain,
+    Drained,
+    DropMarker,
+    Failover,
+    Force,
+    Intent,
+    MoveTopics,
+    Place,
+    Placement,
+    Reassign,
+    RecordOwner,
+    Release,
+    Relocation,
+    RemoveOwner,
+    Repair,
+    SplitBundles,
+    Unload,
+    UnloadSplit,
+)
+from ballast.leader.transactions import transactions
 from ballast.leader.view import BadRecord, ClusterView, RecordKind, classify
 from ballast.metadata import Compare, Delete, Put, WatchEvent, keys
 from ballast.model import (
@@ -98,28 +124,21 @@ from ballast.model import (
     UnassignedMarker,
 )
 
-# etcd refuses a transaction with more than 128 compares, or 128 operations in a branch
-# (its default --max-txn-ops). Per topic: failover 1 compare (+1 per distinct target) and
-# 3 puts/deletes; drain and moves 1 compare and 3 ops; placement 3 compares (+1 per
-# distinct target) and 3 ops. 40 / 25 topics keep every branch below the limit.
-TOPICS_PER_TXN = 40
-PLACEMENTS_PER_TXN = 25
 # A round fails over at most this many topics of one dead broker (the rest next round, so
 # one step never blocks the shell's event loop for long; each round levels the survivors
 # as they are then, so the result is levelled all the same).
 FAILOVER_TOPICS_PER_ROUND = 400
-MAX_TXN_OPS = 128
 # A marker whose topic metadata has not been seen waits this long for the ``/topics/``
 # watch to catch up before the leader tries to drop it (the drop is guarded anyway).
 META_GRACE_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
-class _Pending:
-    """What a write in flight was for (its bookkeeping on success)."""
+class _InFlight:
+    """A write asked for, and the part of the intent it carries (booked on success)."""
 
-    kind: str
-    data: Any = None
+    write: Write
+    intent: Intent
 
 
 def _classify_quietly(key: str) -> tuple[RecordKind, BrokerId | None, str | None]:
@@ -162,8 +181,7 @@ class LeaderMachine:
         self.bootstrapped = False
         self._ids = itertools.count(1)
         self._seq = itertools.count()
-        self._inflight: dict[int, _Pending] = {}
-        self._writes: dict[int, Write] = {}
+        self._inflight: dict[int, _InFlight] = {}
         self._dirty = False
         self._reports_dirty = False
         self._next_check = 0.0
@@ -325,10 +343,10 @@ class LeaderMachine:
 
     def _on_write_done(self, done: WriteDone, out: Collector) -> None:
         pending = self._inflight.pop(done.id, None)
-        write = self._writes.pop(done.id, None)
-        if pending is None or write is None:
+        if pending is None:
             out.log(f"outcome of unknown write {done.id} ignored", logging.WARNING)
             return
+        write = pending.write
         if done.succeeded:
             for op in write.ops:
                 value = op.value if isinstance(op, Put) else None
@@ -338,13 +356,13 @@ class LeaderMachine:
                     )
                 except BadRecord as bad:  # our own value: a bug, but never fatal
                     self._rejected(bad, out)
-            self._succeeded(pending, done.now, out)
+            self._succeeded(pending.intent, done.now, out)
         else:
             out.metric("fence_failures")
             out.log(f"{write.what}: state changed underneath; deciding again")
             for fresh in done.refreshed:
                 self._refresh(fresh, out)
-            if pending.kind == "move":
+            if isinstance(pending.intent, MoveTopics):
                 out.metric("failures")
         self._dirty = True
 
@@ -440,19 +458,13 @@ class LeaderMachine:
 
     # -- acting --------------------------------------------------------------------------
 
-    def _write(
-        self,
-        out: Collector,
-        compares: Iterable[Compare],
-        ops: Iterable[Put | Delete],
-        what: str,
-        kind: str,
-        data: Any = None,
-    ) -> None:
-        write = Write(next(self._ids), tuple(compares), tuple(ops), what)
-        self._writes[write.id] = write
-        self._inflight[write.id] = _Pending(kind, data)
-        out.writes.append(write)
+    def _emit(self, intents: list[Intent], out: Collector) -> None:
+        """Ask for the writes of `intents`, each keyed by its id to the part it carries."""
+        for intent in intents:
+            for txn in transactions(intent):
+                write = Write(next(self._ids), txn.compares, txn.ops, txn.what)
+                self._inflight[write.id] = _InFlight(write, txn.part)
+                out.writes.append(write)
 
     def _act(self, now: float, out: Collector) -> None:
         if not self.bootstrapped:
@@ -460,34 +472,37 @@ class LeaderMachine:
         if not self._inflight:
             if self._dirty:
                 self._dirty = False
-                self._reconcile(now, out)
+                self._emit(self._reconcile(now, out), out)
             if not out.writes and now >= self._next_check:
                 self._next_check = now + self.rebalancing.check_interval_seconds
-                self._rebalance(now, out)
+                self._emit(self._rebalance(now, out), out)
         if self._reports_dirty and now >= self._next_rankings:
             self._reports_dirty = False
             self._next_rankings = now + self.rankings_interval
             out.rankings = PostRankings({"timestamp": now, **self.balance(out)})
 
-    def _reconcile(self, now: float, out: Collector) -> None:
+    def _reconcile(self, now: float, out: Collector) -> list[Intent]:
+        """Steps 1-8 of a round (the module docstring): what to write, in order."""
+        intents: list[Intent] = []
         for key, revision in sorted(self._repairs.items()):
-            self._repair(key, revision or None, now, out)
+            intents += self._repair(key, revision or None, now)
         self._repairs.clear()
         for broker in sorted(b for b in self.view.by_broker if b not in self.view.registrations):
-            self._failover(broker, now, out)
+            intents += self._failover(broker, now, out)
         for broker in sorted(b for b in self.view.reports if b not in self.view.registrations):
             if broker not in self.view.by_broker:
                 self._forget_report(broker)
-        self._release_seals(now, out)
+        intents += self._release_seals(now)
         for broker in self.view.brokers():
             if self.view.state(broker).mode is BrokerMode.DRAINING:
-                self._drain(broker, now, out)
-        self._repair_ownership(now, out)
-        self._unload_split(now, out)
-        if not out.writes:
-            self._assign(now, out)
+                intents += self._drain(broker, now)
+        intents += self._repair_ownership()
+        intents += self._unload_split(now)
+        if not intents:
+            intents += self._assign(now, out)
+        return intents
 
-    def _repair(self, key: str, revision: int | None, now: float, out: Collector) -> None:
+    def _repair(self, key: str, revision: int | None, now: float) -> list[Intent]:
         """Replace an undecodable value under ``/cluster/`` so the leader can go on."""
         kind, _, _ = _classify_quietly(key)
         guard = (
@@ -503,16 +518,16 @@ class LeaderMachine:
                 key, BrokerState(BrokerMode.ACTIVE, "repaired: the value was not JSON").to_dict()
             )
         elif kind is RecordKind.REGISTRATION or key == keys.LEADER:
-            return  # owned by a broker's lease / the election; never rewritten here
+            return []  # owned by a broker's lease / the election; never rewritten here
         else:
             op = Delete(key)
-        self._write(out, [guard], [op], f"repair {key}", "repair", (key, str(kind)))
+        return [Repair(key, str(kind), guard, op)]
 
-    def _failover(self, dead: BrokerId, now: float, out: Collector) -> None:
+    def _failover(self, dead: BrokerId, now: float, out: Collector) -> list[Intent]:
         """Reassign a dead broker's topics to the survivors, levelled by the core."""
         everything = self.view.topics_of(dead)
         if not everything:
-            return
+            return []
         owned = {t: everything[t] for t in sorted(everything)[:FAILOVER_TOPICS_PER_ROUND]}
         snap = self.snapshot(pending=True)
         report = self.view.reports.get(dead)
@@ -525,41 +540,10 @@ class LeaderMachine:
         plan = plan_failover(snap, dead, self.strategy, self.last_chosen, now, self.pulsar)
         self.last_chosen = plan.last_chosen
         hints = dict(plan.placements)
-        topics = sorted(owned)
         targets = {p.broker for p in hints.values() if p.broker is not None}
-        for start in range(0, len(topics), TOPICS_PER_TXN):
-            chunk = topics[start : start + TOPICS_PER_TXN]
-            compares = [Compare.absent(keys.register(dead))]
-            chunk_targets: set[BrokerId] = set()
-            ops: list[Put | Delete] = []
-            moved: list[tuple[str, BrokerId | None]] = []
-            for topic in chunk:
-                placement = hints.get(topic)
-                target = placement.broker if placement is not None else None
-                marker = UnassignedMarker(
-                    MarkerReason.FAILOVER,
-                    from_broker=dead,
-                    to_broker=target,
-                    timestamp=now,
-                    ready=True,
-                )
-                compares.append(
-                    Compare.mod_revision_equals(keys.broker_assignment(dead, topic), owned[topic])
-                )
-                ops.append(Delete(keys.broker_assignment(dead, topic)))
-                if target is None:
-                    # No survivor can take it: a marker waits for one.
-                    ops += [
-                        Delete(keys.topic_owner(topic)),
-                        Put(keys.unassigned(topic), marker.to_dict()),
-                    ]
-                else:
-                    value = assignment_value(Assignment(now, epoch=owned[topic]), marker)
-                    ops += claim_ops(target, topic, value)
-                    chunk_targets.add(target)
-                moved.append((topic, target))
-            compares += [Compare.present(keys.register(t)) for t in sorted(chunk_targets)]
-            self._write(out, compares, ops, f"failover of {dead}", "failover", (dead, tuple(moved)))
+        topics = tuple(
+            Reassign(t, owned[t], hints[t].broker if t in hints else None) for t in sorted(owned)
+        )
         left = len(everything) - len(owned)
         out.note(
             f"[failover] {dead} is gone: reassigning {len(topics)} topic(s) to "
@@ -567,181 +551,111 @@ class LeaderMachine:
         )
         if not left:
             out.metric("failovers")
+        return [Failover(dead, topics, now)]
 
-    def _release_seals(self, now: float, out: Collector) -> None:
+    def _release_seals(self, now: float) -> list[Intent]:
         """Markers waiting for a seal: released when the source is gone, forced when it has
         not sealed within `seal_timeout_seconds`."""
         timeout = self.rebalancing.seal_timeout_seconds
         for gone in self._seal_wait.keys() - self.view.markers.keys():
             del self._seal_wait[gone]
+        intents: list[Intent] = []
         for topic, pending in sorted(self.view.markers.items()):
             marker = pending.marker
             if marker.ready:
                 continue
             source = marker.from_broker
-            compares = [Compare.mod_revision_equals(keys.unassigned(topic), pending.revision)]
             if source is None or source not in self.view.registrations:
-                if source is not None:
-                    compares.append(Compare.absent(keys.register(source)))
-                ready = replace(marker, ready=True)
-                self._write(
-                    out,
-                    compares,
-                    [Put(keys.unassigned(topic), ready.to_dict())],
-                    f"release {topic}",
-                    "release",
-                    (topic, source),
-                )
+                intents.append(Release(topic, pending.revision, marker))
             elif now - self._waiting_since(topic, pending.revision, now) >= timeout:
                 why = (
                     f"[seal-timeout] {source} did not seal {topic} within {timeout:.0f}s "
                     f"({marker.reason.value} to {marker.to_broker or 'any broker'})"
                 )
-                forced = replace(marker, ready=True, forced=why)
-                self._write(
-                    out,
-                    compares,
-                    [Put(keys.unassigned(topic), forced.to_dict())],
-                    f"force {topic}",
-                    "forced",
-                    why,
-                )
+                intents.append(Force(topic, pending.revision, marker, why))
+        return intents
 
-    def _drain(self, broker: BrokerId, now: float, out: Collector) -> None:
+    def _drain(self, broker: BrokerId, now: float) -> list[Intent]:
         """Unload a draining broker's topics; mark it drained once nothing is left."""
         owned = dict(self.view.topics_of(broker))
         if owned:
             markers = plan_drain(self.view.snapshot(pending=False), broker, now)
-            chunks = [m for m in markers if m[0] in owned]
-            for start in range(0, len(chunks), TOPICS_PER_TXN):
-                chunk = chunks[start : start + TOPICS_PER_TXN]
-                compares = [
-                    Compare.mod_revision_equals(keys.broker_assignment(broker, t), owned[t])
-                    for t, _ in chunk
-                ]
-                ops: list[Put | Delete] = []
-                for topic, marker in chunk:
-                    ops += [
-                        *release_ops(broker, topic),
-                        Put(keys.unassigned(topic), marker.to_dict()),
-                    ]
-                self._write(out, compares, ops, f"drain of {broker}", "drain", (broker, len(chunk)))
-            return
+            unloads = tuple(Unload(t, broker, owned[t], m) for t, m in markers if t in owned)
+            return [Drain(broker, unloads)] if unloads else []
         sealing = any(
             p.marker.from_broker == broker and not p.marker.ready
             for p in self.view.markers.values()
         )
         if sealing:
-            return  # still sealing: drained means nothing of it is left anywhere
-        state_key = keys.broker_state(broker)
-        revision = self.view.state_revisions.get(broker, 0)
-        drained = BrokerState(BrokerMode.DRAINED, "drained: every topic moved away")
-        self._write(
-            out,
-            [Compare.mod_revision_equals(state_key, revision)],
-            [Put(state_key, drained.to_dict())],
-            f"drained {broker}",
-            "drained",
-            broker,
-        )
+            return []  # still sealing: drained means nothing of it is left anywhere
+        return [Drained(broker, self.view.state_revisions.get(broker, 0))]
 
-    def _repair_ownership(self, now: float, out: Collector) -> None:
+    def _repair_ownership(self) -> list[Intent]:
         """Ownership records out of step with assignments (written by older tools).
 
         Only topics whose assignment or record changed since the last round are checked.
         """
         view = self.view
         check, self._ownership_check = self._ownership_check, set()
+        intents: list[Intent] = []
         for topic in sorted(check):
             owners = view.owners.get(topic, {})
             record = view.owner_records.get(topic)
             if record is None and len(owners) == 1:
                 ((broker, revision),) = owners.items()
-                self._write(
-                    out,
-                    [
-                        Compare.absent(keys.topic_owner(topic)),
-                        Compare.mod_revision_equals(
-                            keys.broker_assignment(broker, topic), revision
-                        ),
-                    ],
-                    [Put(keys.topic_owner(topic), owner_value(broker))],
-                    f"record the owner of {topic}",
-                    "ownership",
-                )
+                intents.append(RecordOwner(topic, broker, revision))
             elif record is not None and record[0] not in owners:
-                broker, revision = record
-                self._write(
-                    out,
-                    [
-                        Compare.mod_revision_equals(keys.topic_owner(topic), revision),
-                        Compare.absent(keys.broker_assignment(broker, topic)),
-                    ],
-                    [Delete(keys.topic_owner(topic))],
-                    f"remove the stale owner record of {topic}",
-                    "ownership",
-                )
+                intents.append(RemoveOwner(topic, record[0], record[1]))
+        return intents
 
-    def _unload_split(self, now: float, out: Collector) -> None:
+    def _unload_split(self, now: float) -> list[Intent]:
         """Unload the topics of bundles this leader split (each still on the broker it was
         on at the split), so that placement spreads the new bundles."""
         todo, self._split_unloads = self._split_unloads, []
-        owned = [(t, b, r) for t, b in todo if (r := self.view.topics_of(b).get(t)) is not None]
-        for start in range(0, len(owned), TOPICS_PER_TXN):
-            chunk = owned[start : start + TOPICS_PER_TXN]
-            ops: list[Put | Delete] = []
-            for topic, broker, _ in chunk:
-                marker = UnassignedMarker(
-                    MarkerReason.UNLOAD, from_broker=broker, timestamp=now, ready=False
-                )
-                ops += [*release_ops(broker, topic), Put(keys.unassigned(topic), marker.to_dict())]
-            self._write(
-                out,
-                [Compare.mod_revision_equals(keys.broker_assignment(b, t), r) for t, b, r in chunk],
-                ops,
-                f"unload split bundle topics {chunk[0][0]}"
-                + (f" (+{len(chunk) - 1})" if len(chunk) > 1 else ""),
-                "split-unload",
-                tuple((t, b) for t, b, _ in chunk),
+        unloads = tuple(
+            Unload(
+                t,
+                b,
+                r,
+                UnassignedMarker(MarkerReason.UNLOAD, from_broker=b, timestamp=now, ready=False),
             )
+            for t, b in todo
+            if (r := self.view.topics_of(b).get(t)) is not None
+        )
+        return [UnloadSplit(unloads)] if unloads else []
 
-    def _split(self, now: float, out: Collector) -> bool:
-        """Pulsar's automatic bundle split (`auto_split`): write every namespace's new
-        layout (compare on the stored one); True if anything was split."""
+    def _split(self) -> list[Intent]:
+        """Pulsar's automatic bundle split (`auto_split`): every namespace's new layout
+        (compared on the stored one); nothing if nothing was split."""
         if not self.by_bundle or not self.pulsar.auto_bundle_split_enabled:
-            return False
+            return []
         snap = self.snapshot(pending=False)
         split = auto_split(snap, self.pulsar)
         if not split.results:
-            return False
+            return []
         unload: dict[str, list[tuple[str, BrokerId]]] = {}
         for topic, broker in split.unload:
             unload.setdefault(topic.split("/", 2)[1], []).append((topic, broker))
-        wrote = False
+        intents: list[Intent] = []
         for ns, layout in sorted(split.layouts.items()):
             if tuple(snap.bundle_boundaries.get(ns, ())) == layout.boundaries:
                 continue
-            key = keys.namespace_bundles(ns)
-            revision = self.view.revision_of(key) if ns in self.view.bundles else 0
-            guard = Compare.mod_revision_equals(key, revision) if revision else Compare.absent(key)
-            why = [
-                f"{s.name}: {', '.join(s.exceeded)}" for s in split.plan.splits if s.namespace == ns
-            ]
-            added = len(layout) - (len(snap.bundle_boundaries[ns]) - 1)
-            self._write(
-                out,
-                [guard],
-                [Put(key, layout.to_dict())],
-                f"split bundles of {ns}",
-                "split",
-                (ns, added, tuple(unload.get(ns, ())), tuple(why)),
+            revision = (
+                self.view.revision_of(keys.namespace_bundles(ns)) if ns in self.view.bundles else 0
             )
-            wrote = True
-        return wrote
+            why = tuple(
+                f"{s.name}: {', '.join(s.exceeded)}" for s in split.plan.splits if s.namespace == ns
+            )
+            added = len(layout) - (len(snap.bundle_boundaries[ns]) - 1)
+            intents.append(
+                SplitBundles(ns, revision, layout, added, tuple(unload.get(ns, ())), why)
+            )
+        return intents
 
-    def _assign(self, now: float, out: Collector) -> None:
+    def _assign(self, now: float, out: Collector) -> list[Intent]:
         """Place every ready marker: a few topics per transaction (assignment, ownership
         record and marker delete), guarded by one ownership compare per topic."""
+        intents: list[Intent] = []
         batch: list[tuple[str, int, UnassignedMarker]] = []
         view = self.view
         for topic in [t for t in self._meta_wait if t not in view.markers]:
@@ -751,25 +665,27 @@ class LeaderMachine:
                 continue
             owner = view.owner(topic)
             if owner is not None:
-                self._drop_marker(
-                    topic,
-                    pending.revision,
-                    "marker_assigned_topic",
-                    f"{topic} is already owned by {owner}",
-                    [Compare.present(keys.broker_assignment(owner, topic))],
-                    out,
+                intents.append(
+                    DropMarker(
+                        topic,
+                        pending.revision,
+                        "marker_assigned_topic",
+                        f"{topic} is already owned by {owner}",
+                        (Compare.present(keys.broker_assignment(owner, topic)),),
+                    )
                 )
                 continue
             if topic not in view.topics and topic not in self._opaque_topics:
                 since = self._meta_wait.setdefault(topic, now)
                 if pending.revision <= self._topics_revision or now - since >= META_GRACE_SECONDS:
-                    self._drop_marker(
-                        topic,
-                        pending.revision,
-                        "marker_unknown_topic",
-                        f"{topic} has no metadata (deleted or never created)",
-                        [Compare.absent(keys.topic_meta(topic))],
-                        out,
+                    intents.append(
+                        DropMarker(
+                            topic,
+                            pending.revision,
+                            "marker_unknown_topic",
+                            f"{topic} has no metadata (deleted or never created)",
+                            (Compare.absent(keys.topic_meta(topic)),),
+                        )
                     )
                 continue  # the ``/topics/`` watch has not caught up yet: wait for it
             self._meta_wait.pop(topic, None)
@@ -786,14 +702,14 @@ class LeaderMachine:
                     )
             batch.append((topic, pending.revision, pending.marker))
         if not batch:
-            return
+            return intents
         snapshot = self.snapshot(exclude={t for t, _, _ in batch})
         plan = place_topics(
             snapshot, self.strategy, [(t, m) for t, _, m in batch], self.last_chosen, self.pulsar
         )
         self.last_chosen = plan.last_chosen
         revisions = {t: (r, m) for t, r, m in batch}
-        todo: list[tuple[str, BrokerId]] = []
+        placed: list[Placement] = []
         for topic, placement in plan.placements:
             if placement.broker is None:
                 if topic not in self._stuck:
@@ -801,60 +717,26 @@ class LeaderMachine:
                     out.note(f"[no-broker] {topic} waits: {placement.explain()}")
                 continue
             self._stuck.discard(topic)
-            todo.append((topic, placement.broker))
-        for start in range(0, len(todo), PLACEMENTS_PER_TXN):
-            chunk = todo[start : start + PLACEMENTS_PER_TXN]
-            compares: list[Compare] = []
-            ops: list[Put | Delete] = []
-            placed: list[tuple[str, BrokerId, MarkerReason]] = []
-            for topic, target in chunk:
-                revision, marker = revisions[topic]
-                marker_key = keys.unassigned(topic)
-                compares += [
-                    Compare.mod_revision_equals(marker_key, revision),
-                    Compare.present(keys.topic_meta(topic)),
-                    # Never two owners: one compare, whatever the number of brokers.
-                    Compare.absent(keys.topic_owner(topic)),
-                ]
-                value = assignment_value(Assignment(now, epoch=revision), marker)
-                ops += [*claim_ops(target, topic, value), Delete(marker_key)]
-                placed.append((topic, target, marker.reason))
-            compares += [Compare.present(keys.register(b)) for b in sorted({b for _, b in chunk})]
-            what = f"assign {chunk[0][0]}" + (f" (+{len(chunk) - 1})" if len(chunk) > 1 else "")
-            self._write(out, compares, ops, what, "assign", tuple(placed))
-
-    def _drop_marker(
-        self,
-        topic: str,
-        revision: int,
-        kind: str,
-        why: str,
-        compares: Sequence[Compare],
-        out: Collector,
-    ) -> None:
-        key = keys.unassigned(topic)
-        self._write(
-            out,
-            [Compare.mod_revision_equals(key, revision), *compares],
-            [Delete(key)],
-            f"drop {key}",
-            "drop",
-            (topic, kind, why),
-        )
+            revision, marker = revisions[topic]
+            placed.append(Placement(topic, placement.broker, revision, marker))
+        if placed:
+            intents.append(Place(tuple(placed), now))
+        return intents
 
     # -- rebalancing ---------------------------------------------------------------------
 
-    def _rebalance(self, now: float, out: Collector) -> None:
-        """One rebalancing check: split hot bundles, or ask the core and write every move
-        of its decision."""
+    def _rebalance(self, now: float, out: Collector) -> list[Intent]:
+        """Step 9, one rebalancing check: split hot bundles, or ask the core for a decision
+        and write every move of it."""
         out.metric("checks")
         in_flight = any(
             p.marker.reason is MarkerReason.REBALANCE for p in self.view.markers.values()
         )
         if in_flight:
-            return  # one decision at a time: the next one waits for this one's effect
-        if self._split(now, out):
-            return  # the next check sees the new bundles
+            return []  # one decision at a time: the next one waits for this one's effect
+        split = self._split()
+        if split:
+            return split  # the next check sees the new bundles
         # A shedder smooths the usage itself (ThresholdShedder's history_resource_percentage);
         # it reads the latest reports, as Pulsar's do, rather than smoothing twice.
         snapshot = self.snapshot(raw=self.shedding)
@@ -874,111 +756,82 @@ class LeaderMachine:
                 dict(decision.shedder_state) if decision.shedder_state is not None else None
             )
         self.last_decision = decision
+        out.decision = decision
         moves = decision.moves or ((decision.move,) if decision.move is not None else ())
         if not moves:
             if decision.rule != self._last_rule:
                 out.note(decision.explain())
             self._last_rule = decision.rule
-            return
+            return []
         self._last_rule = decision.rule
         after = decision.after if len(moves) == 1 else None
         if after is None:
             after = snapshot
             for move in moves:
                 after = apply_move(after, move.topic, move.from_broker, move.to_broker)
-        todo: list[tuple[Move, int]] = []
+        relocations: list[Relocation] = []
         for move in moves:
             revision = self.view.topics_of(move.from_broker).get(move.topic)
             if revision is None:
                 out.metric("failures")
                 continue
-            todo.append((move, revision))
-        for start in range(0, len(todo), PLACEMENTS_PER_TXN):
-            chunk = todo[start : start + PLACEMENTS_PER_TXN]
-            compares: list[Compare] = []
-            ops: list[Put | Delete] = []
-            for move, revision in chunk:
-                marker = UnassignedMarker(
-                    MarkerReason.REBALANCE,
-                    from_broker=move.from_broker,
-                    to_broker=move.to_broker,
-                    timestamp=now,
-                    ready=False,
-                )
-                history_key = keys.rebalancing_history(now, next(self._seq) % 1_000_000)
-                compares.append(
-                    Compare.mod_revision_equals(
-                        keys.broker_assignment(move.from_broker, move.topic), revision
-                    )
-                )
-                ops += [
-                    *release_ops(move.from_broker, move.topic),
-                    Put(keys.unassigned(move.topic), marker.to_dict()),
-                    Put(history_key, move.to_dict()),
-                ]
-            first = chunk[0][0].topic
-            self._write(
-                out,
-                compares,
-                ops,
-                f"move {first}" + (f" (+{len(chunk) - 1})" if len(chunk) > 1 else ""),
-                "move",
-                (tuple(m for m, _ in chunk), after, None if start else decision.explain()),
-            )
+            history_key = keys.rebalancing_history(now, next(self._seq) % 1_000_000)
+            relocations.append(Relocation(move, revision, history_key))
+        if not relocations:
+            return []
+        return [MoveTopics(tuple(relocations), after, decision.explain(), now)]
 
     # -- success bookkeeping -------------------------------------------------------------
 
-    def _succeeded(self, pending: _Pending, now: float, out: Collector) -> None:
-        kind, data = pending.kind, pending.data
-        if kind == "assign":
-            for topic, target, reason in data:
-                out.metric("assignments", broker_id=target, action="assign")
-                if reason is not MarkerReason.NEW:
-                    out.note(f"[{reason.value}] {topic} → {target}")
-        elif kind == "failover":
-            dead, moved = data
-            out.metric("assignments", len(moved), broker_id=dead, action="unassign")
-            for _, target in moved:
-                if target is not None:
-                    out.metric("assignments", broker_id=target, action="assign")
-        elif kind == "drain":
-            broker, n = data
-            out.metric("assignments", n, broker_id=broker, action="unassign")
-            out.note(f"[drain] {broker}: unloading {n} topic(s)")
-        elif kind == "drained":
-            out.note(f"[drain] {data} is drained")
-        elif kind == "release":
-            topic, source = data
-            out.note(f"[release] {topic}: source {source} is gone; no seal to wait for")
-        elif kind == "forced":
-            out.metric("forced_moves")
-            out.note(f"{data}; proceeding (forced)")
-        elif kind == "drop":
-            topic, reason, why = data
-            self._meta_wait.pop(topic, None)
-            out.reject(reason)
-            out.note(f"[bad-marker] dropped the marker of {topic}: {why}")
-        elif kind == "repair":
-            key, record = data
-            out.note(f"repaired undecodable {record} at {key}")
-        elif kind == "move":
-            moves, after, explanation = data
-            for move in moves:
-                self.history = self.history.add(move)
-                self._estimate(after, move, now)
-                out.metric("moves")
-                out.metric("assignments", broker_id=move.from_broker, action="unassign")
-            if explanation is not None:
-                out.note(explanation)
-        elif kind == "split":
-            ns, added, unload, why = data
-            out.metric("bundle_splits", added)
-            out.note(f"[bundle-split] {ns}: {added} new bundle(s) ({'; '.join(why)})")
-            self._split_unloads += unload
-        elif kind == "split-unload":
-            for _, broker in data:
-                out.metric("assignments", broker_id=broker, action="unassign")
-            out.note(f"[bundle-split] unloading {len(data)} topic(s) of split bundles")
+    def _succeeded(self, intent: Intent, now: float, out: Collector) -> None:
+        match intent:
+            case Place(placements=placements):
+                for p in placements:
+                    out.metric("assignments", broker_id=p.target, action="assign")
+                    if p.marker.reason is not MarkerReason.NEW:
+                        out.note(f"[{p.marker.reason.value}] {p.topic} → {p.target}")
+            case Failover(dead=dead, topics=topics):
+                out.metric("assignments", len(topics), broker_id=dead, action="unassign")
+                for target in (t.target for t in topics):
+                    if target is not None:
+                        out.metric("assignments", broker_id=target, action="assign")
+            case Drain(broker=broker, unloads=unloads):
+                out.metric("assignments", len(unloads), broker_id=broker, action="unassign")
+                out.note(f"[drain] {broker}: unloading {len(unloads)} topic(s)")
+            case Drained(broker=broker):
+                out.note(f"[drain] {broker} is drained")
+            case Release(topic=topic, marker=marker):
+                out.note(
+                    f"[release] {topic}: source {marker.from_broker} is gone; no seal to wait for"
+                )
+            case Force(why=why):
+                out.metric("forced_moves")
+                out.note(f"{why}; proceeding (forced)")
+            case DropMarker(topic=topic, reason=reason, why=why):
+                self._meta_wait.pop(topic, None)
+                out.reject(reason)
+                out.note(f"[bad-marker] dropped the marker of {topic}: {why}")
+            case Repair(key=key, record=record):
+                out.note(f"repaired undecodable {record} at {key}")
+            case MoveTopics(relocations=relocations, after=after, explanation=explanation):
+                for move in (r.move for r in relocations):
+                    self.history = self.history.add(move)
+                    self._estimate(after, move, now)
+                    out.metric("moves")
+                    out.metric("assignments", broker_id=move.from_broker, action="unassign")
+                    out.moved.append(move)
+                if explanation is not None:
+                    out.note(explanation)
+            case SplitBundles(namespace=ns, added=added, unload=unload, why=why):
+                out.metric("bundle_splits", added)
+                out.note(f"[bundle-split] {ns}: {added} new bundle(s) ({'; '.join(why)})")
+                self._split_unloads += unload
+            case UnloadSplit(unloads=unloads):
+                for u in unloads:
+                    out.metric("assignments", broker_id=u.broker, action="unassign")
+                out.note(f"[bundle-split] unloading {len(unloads)} topic(s) of split bundles")
+            case RecordOwner() | RemoveOwner():
+                pass  # nothing to count: the view has applied the write
 
     # -- rankings ------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
-from ballast.balance.bundles import NamespaceBundles
+from ballast.balance.pulsar.bundles import NamespaceBundles
 from ballast.leader.records import (
     Registration,
     TopicMeta,

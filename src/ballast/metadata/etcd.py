@@ -540,16 +540,6 @@ class EtcdStore(TxnHelpers):
                 return Listing(items, revision, undecodable)
             start = resp.kvs[-1].key + b"\x00"  # the smallest key after the last one read
 
-    async def current_revision(self) -> int:
-        """The cluster's current revision."""
-
-        async def invoke(conn: _Connection, timeout: float) -> Any:
-            request = rpc.RangeRequest(key=b"\x00", count_only=True)
-            return await conn.kv.Range(request, timeout=timeout, metadata=conn.metadata)
-
-        resp = await self._call("read revision", invoke, retry_after_send=True)
-        return int(resp.header.revision)
-
     # -- writes ------------------------------------------------------------------------------
 
     async def put(self, key: str, value: Any, lease: int | None = None) -> int:

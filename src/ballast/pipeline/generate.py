@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ballast.pipeline.history import history_path
+from ballast.load_history import history_path
 
 DEFAULT_START = 1_767_225_600.0  # 2026-01-01T00:00:00Z: fixed, so a seed gives one history
 NAMESPACES = ("default", "orders", "analytics", "iot")

@@ -43,10 +43,10 @@ from pyspark.sql import types as T
 
 from ballast.balance.plan import plan_rebalance
 from ballast.balance.rankings import score_brokers
-from ballast.config import BallastConfig, Strategy
+from ballast.config import BallastConfig, RebalancingConfig, Strategy
+from ballast.load_history import HISTORY_GLOB
 from ballast.pipeline import compact, report, shedding, snapshot, storage, transforms
 from ballast.pipeline.compact import DEFAULT_GRACE_SECONDS
-from ballast.pipeline.history import HISTORY_GLOB
 from ballast.pipeline.schemas import (
     BROKER_WINDOWS_SCHEMA,
     QUARANTINE_SCHEMA,
@@ -54,19 +54,6 @@ from ballast.pipeline.schemas import (
     TOPIC_WINDOWS_SCHEMA,
 )
 
-STAGES = (
-    "stage",
-    "compact",
-    "read",
-    "quarantine",
-    "brokers",
-    "strategies",
-    "topics",
-    "policies",
-    "plan",
-    "report",
-    "upload",
-)
 TABLES = ("broker_windows", "topic_windows", "strategy_comparison", "quarantine")
 TOP_TOPICS = 15
 
@@ -289,310 +276,455 @@ def _strategy_summary(comparison: pd.DataFrame) -> list[dict[str, Any]]:
     return summary
 
 
+@dataclass
+class _Run:
+    """One run of the job: what every stage reads (the session, the options and what
+    follows from them, where to write) and the cached frames to release at the end."""
+
+    spark: SparkSession
+    options: AnalyzeOptions
+    stage: _Stages
+    out: str
+    window: float
+    horizon: float
+    stale_after: float
+    strategy: Strategy
+    persisted: list[DataFrame] = field(default_factory=list)
+
+    @property
+    def rules(self) -> RebalancingConfig:
+        return self.options.config.load_manager.rebalancing
+
+    def path(self, table: str) -> str:
+        return os.path.join(self.out, table)
+
+    def keep(self, frame: DataFrame) -> DataFrame:
+        """Cache `frame` for the rest of the run (released when the run ends)."""
+        frame = frame.persist()
+        self.persisted.append(frame)
+        return frame
+
+
+@dataclass(frozen=True)
+class _History:
+    """The history in range: valid broker rows (cached), topic rows, the quarantine."""
+
+    brokers: DataFrame
+    topics: DataFrame
+    quarantine: DataFrame
+    quarantine_summary: list[dict[str, Any]]
+    quarantined: dict[str, int]
+    reports: int
+    records: int
+    files: int
+    now: float  # the history's end: the latest report
+    broker_ids: list[str]
+
+
+@dataclass(frozen=True)
+class _TopicWindows:
+    frame: DataFrame  # cached
+    count: int
+    top: pd.DataFrame
+    first_seen: dict[str, float]
+
+
+@dataclass(frozen=True)
+class _Planned:
+    built: snapshot.BuiltSnapshot
+    moves: int
+    document: dict[str, Any]
+    path: str
+
+
 def run_analysis(
     spark: SparkSession,
     options: AnalyzeOptions,
     progress: Callable[[str], None] | None = None,
 ) -> AnalysisResult:
-    """Run the whole job; raise `PipelineError` (with what to do) for unusable input."""
-    stage = _Stages(progress)
+    """Run the whole job; raise `PipelineError` (with what to do) for unusable input.
+
+    The stages of the module docstring, composed: each is a function of the run and of
+    what the stages before it produced."""
     window = float(options.window_seconds)
-    horizon = max(float(options.horizon_seconds), window)
-    stale_after = options.stale_after_seconds or max(window, 90.0)
-    strategy = options.strategy or options.config.load_manager.assignment_strategy
-    rules = options.config.load_manager.rebalancing
-    remote_out = storage.is_remote(options.out)
     scratch = tempfile.mkdtemp(prefix="ballast-analyze-")
+    remote_out = storage.is_remote(options.out)
     out = (
         os.path.join(scratch, "out")
         if remote_out
         else os.path.abspath(storage.local_path(options.out))
     )
     os.makedirs(out, exist_ok=True)
-    paths = {name: os.path.join(out, name) for name in TABLES}
-    warnings: list[str] = []
-    persisted: list[DataFrame] = []
+    run = _Run(
+        spark,
+        options,
+        _Stages(progress),
+        out,
+        window,
+        horizon=max(float(options.horizon_seconds), window),
+        stale_after=options.stale_after_seconds or max(window, 90.0),
+        strategy=options.strategy or options.config.load_manager.assignment_strategy,
+    )
     columnar: compact.Columnar | None = None
     try:
-        with stage("compact"):
+        with run.stage("compact"):
             compaction, columnar = _compact(spark, options, scratch)
-
-        with stage("read"):
-            quarantine = columnar.read(spark, "quarantine")
-            quarantine_summary = _quarantine_summary(quarantine)
-            brokers = (
-                _in_range(columnar.read(spark, "brokers"), options.start, options.end)
-                .transform(transforms.broker_rows)
-                .persist()
-            )
-            persisted.append(brokers)
-            # One job: materialises the cache and gives the count and the history's end.
-            totals = brokers.agg(
-                F.count(F.lit(1)).alias("reports"),
-                F.max("timestamp").alias("now"),
-                F.collect_set("broker_id").alias("broker_ids"),
-            ).first()
-            assert totals is not None
-            reports = int(totals["reports"])
-            topics = _in_range(
-                columnar.read(spark, "topics"), options.start, options.end
-            ).transform(transforms.topic_rows)
-        quarantined = {row["kind"]: int(row["records"]) for row in quarantine_summary}
-        records = reports + sum(quarantined.values())
-        files = columnar.files
-        if records == 0:
-            raise PipelineError(
-                f"the {files} history file(s) under {options.history}{_range_text(options)} "
-                "hold no records (every line is blank): nothing to analyse yet"
-            )
-
-        with stage("quarantine"):
-            _write(
-                _select(quarantine, QUARANTINE_SCHEMA),
-                paths["quarantine"],
-                ["source", "kind", "timestamp", "raw"],
-                True,
-            )
-        if reports == 0:
-            first = quarantine_summary[0]["example"] if quarantine_summary else ""
-            raise PipelineError(
-                f"none of the {records} records under {options.history}{_range_text(options)} "
-                f"is a valid load report; see {options.out.rstrip('/')}/quarantine for every "
-                f"reason (e.g. {first})"
-            )
-
-        with stage("brokers"):
-            # Broker rows are few (one per report) and so are their windows: one partition
-            # each, so the group-by and the scores' window functions need no shuffle (and
-            # the strategy comparison below, read from `scored`, none either).
-            windows_pdf = (
-                brokers.coalesce(1)
-                .transform(transforms.with_window, window)
-                .transform(transforms.broker_window_report)
-                .toPandas()
-            )
-            windows_pdf = transforms.add_usage_ewma(windows_pdf)
-            unscored_schema = T.StructType(
-                [f for f in BROKER_WINDOWS_SCHEMA.fields if not f.name.startswith("score_")]
-            )
-            unscored = spark.createDataFrame(
-                windows_pdf[unscored_schema.fieldNames()], schema=unscored_schema
-            ).coalesce(1)
-            scored = _select(
-                unscored.transform(transforms.with_strategy_scores), BROKER_WINDOWS_SCHEMA
-            ).persist()
-            persisted.append(scored)
-            _write(scored, paths["broker_windows"], ["window_start", "broker_id"], True)
-            brokers_pdf: pd.DataFrame = scored.toPandas()
-
-        with stage("strategies"):
-            # Kept for the two reads (the table and the driver's copy): computed once.
-            comparison = _select(
-                scored.transform(transforms.strategy_scores_long)
-                .coalesce(1)  # one partition, known as such: no shuffle for the windows
-                .transform(transforms.strategy_comparison_report, rules.cv_threshold),
-                STRATEGY_COMPARISON_SCHEMA,
-            ).persist()
-            persisted.append(comparison)
-            _write(comparison, paths["strategy_comparison"], ["window_start", "strategy"], True)
-            comparison_pdf = comparison.toPandas()
-
-        now = float(totals["now"])
-        since = now - horizon
-        since_ts = F.timestamp_seconds(F.lit(since))
-
-        with stage("topics"):
-            # Aggregated once and kept: the table, the per-topic summary and the policy
-            # replay's windows all read this result, never the topic rows again.
-            windowed = topics.transform(transforms.with_window, window)
-
-            def topic_report(small_windows: bool) -> DataFrame:
-                return windowed.transform(
-                    transforms.topic_window_report,
-                    with_first_seen=True,
-                    brokers=totals["broker_ids"],
-                    small_windows=small_windows,
-                ).persist()
-
-            # The fast p95s hold when no window has more than 21 samples of a topic (the
-            # usual case); the check also fills the cache the next steps read.
-            topic_windows = topic_report(small_windows=True)
-            largest = topic_windows.agg(F.max("samples")).first()
-            if largest is not None and (largest[0] or 0) > transforms.TOP_TWO_MAX_SAMPLES:
-                topic_windows.unpersist()
-                topic_windows = topic_report(small_windows=False)
-            persisted.append(topic_windows)
-            _write(
-                _select(topic_windows, TOPIC_WINDOWS_SCHEMA),
-                paths["topic_windows"],
-                ["window_start", "topic"],
-                False,
-            )
-            # One row per topic (the plan's snapshot holds every topic anyway): the count,
-            # the report's top topics and each topic's first-seen time in one job.
-            topic_summary = _topic_summary(topic_windows)
-            topic_count = len(topic_summary)
-            top_topics = _top_topics(topic_summary)
-            first_seen = dict(
-                zip(
-                    topic_summary["topic"].tolist(),
-                    topic_summary["first_seen"].astype(float).tolist(),
-                    strict=True,
-                )
-            )
-
-        with stage("policies"):  # Danube's policy and Pulsar's shedders side by side
-            # Replayed over the planning horizon's windows only (those starting in it): the
-            # same history the plan looks at, and a cost that does not grow with the
-            # history's length.
-            horizon_topics = (
-                topic_windows.filter(F.col("window_start") >= since_ts)
-                .select(*shedding.TOPIC_WINDOW_COLUMNS)
-                .toPandas()
-            )
-            horizon_brokers = brokers_pdf[
-                brokers_pdf["window_start"] >= pd.Timestamp(since, unit="s")
-            ]
-            policies = shedding.compare_policies(
-                horizon_brokers, horizon_topics, options.config.load_manager, strategy
-            )
-            with open(os.path.join(out, "policy_comparison.json"), "w", encoding="utf-8") as fh:
-                json.dump(policies, fh, indent=2)
-
-        with stage("plan"):
-            # Only the hours the plan looks at are read (partition pruning by path).
-            recent_hours = [h for h in columnar.hours if h.overlaps(since, None)]
-            live_hours = [h for h in columnar.hours if h.overlaps(now - stale_after, None)]
-            recent_topics = _in_range(
-                columnar.read(spark, "topics", recent_hours), options.start, options.end
-            )
-            live_topics = _in_range(
-                columnar.read(spark, "topics", live_hours), options.start, options.end
-            )
-            # Both per broker: collected together (one result, fewer jobs).
-            latest = [
-                r.asDict()
-                for r in snapshot.latest_report_rows(
-                    brokers.coalesce(1),  # few rows: aggregated without a shuffle
-                    live_topics.filter(F.col("timestamp") >= now - stale_after),
-                )
-                .join(
-                    snapshot.broker_p95_report(brokers.coalesce(1), since),
-                    on="broker_id",
-                    how="left",
-                )
-                .collect()
-            ]
-            parts = snapshot.SnapshotParts(
-                latest=latest,
-                broker_p95=latest,
-                topic_p95=[
-                    r.asDict() for r in snapshot.topic_p95_report(recent_topics, since).collect()
-                ],
-                first_seen=first_seen,
-            )
-            built = snapshot.build_snapshot(parts, stale_after)
-            core_started = time.perf_counter()
-            plan = plan_rebalance(
-                built.snapshot,
-                rules,
-                strategy,
-                built.now,
-                options.max_moves,
-                pulsar=options.config.load_manager.pulsar,
-            )
-            # Reported apart: the core's own planning time, not Spark's.
-            stage.timings["plan_core"] = round(time.perf_counter() - core_started, 3)
-            plan_doc = _plan_document(
-                options, built, plan.to_dict(), strategy, window, horizon, stale_after
-            )
-            plan_path = os.path.join(out, "plan.json")
-            with open(plan_path, "w", encoding="utf-8") as handle:
-                json.dump(plan_doc, handle, indent=2)
-
+        history = _read(run, columnar)
+        _write_quarantine(run, history)
+        scored, brokers_pdf = _broker_windows(run, history)
+        comparison_pdf = _strategy_comparison(run, scored)
+        since = history.now - run.horizon
+        topics = _topic_windows(run, history)
+        policies = _replay_policies(run, topics, brokers_pdf, since)
+        planned = _plan(run, columnar, history, topics, since)
         all_brokers = tuple(sorted(brokers_pdf["broker_id"].unique()))
         start = float(brokers_pdf["window_start"].min().timestamp())
-        if len(all_brokers) == 1:
-            warnings.append(
-                f"the history has only one broker ({all_brokers[0]}): CV is 0 by definition "
-                "and there is nothing to rebalance; add brokers' histories to compare strategies"
-            )
-        for broker, last in built.departed.items():
-            warnings.append(
-                f"broker {broker} stopped reporting at {_iso(last)}: left out of the plan"
-            )
-        if quarantined:
-            total = sum(quarantined.values())
-            kinds = ", ".join(f"{k}: {v}" for k, v in quarantined.items())
-            warnings.append(
-                f"{total} record(s) quarantined ({kinds}): see {options.out.rstrip('/')}/quarantine"
-            )
-        if compaction.open_hours:
-            warnings.append(
-                f"{len(compaction.open_hours)} hour(s) still being written were read from JSON "
-                "(compacted once closed)"
-            )
-
+        warnings = _warnings(run, all_brokers, planned, history, compaction)
         strategies = _strategy_summary(comparison_pdf)
-        with stage("report"):
-            summary = {
-                "history": options.history,
-                "period": f"{_iso(start)} → {_iso(built.now)}",
-                "window": f"{window:g} s",
-                "records read": records,
-                "valid reports": reports,
-                "quarantined": sum(quarantined.values()),
-                "brokers": ", ".join(all_brokers),
-                "topics": topic_count,
-                "plan": f"{len(plan.moves)} move(s), strategy {strategy.value}",
-                "policies (moves, CV end, converged after)": shedding.summary_line(policies),
-            }
-            heat_metric = transforms.SCORE_COLUMNS[strategy]
-            report_path = report.write_report(
-                out,
-                summary,
-                comparison_pdf,
-                brokers_pdf,
-                top_topics,
-                plan_doc,
-                quarantine_summary,
-                rules.cv_threshold,
-                heat_metric,
-            )
-
-        outputs = {**paths, "plan": plan_path, "report": report_path}
-        outputs["policy_comparison"] = os.path.join(out, "policy_comparison.json")
+        summary = {
+            "history": options.history,
+            "period": f"{_iso(start)} → {_iso(planned.built.now)}",
+            "window": f"{window:g} s",
+            "records read": history.records,
+            "valid reports": history.reports,
+            "quarantined": sum(history.quarantined.values()),
+            "brokers": ", ".join(all_brokers),
+            "topics": topics.count,
+            "plan": f"{planned.moves} move(s), strategy {run.strategy.value}",
+            "policies (moves, CV end, converged after)": shedding.summary_line(policies),
+        }
+        report_path = _report(run, summary, comparison_pdf, brokers_pdf, topics, planned, history)
+        outputs = {name: run.path(name) for name in TABLES}
+        outputs |= {
+            "plan": planned.path,
+            "report": report_path,
+            "policy_comparison": run.path("policy_comparison.json"),
+        }
         if remote_out:
-            with stage("upload"):
-                target = options.out.rstrip("/")
-                for name in (*TABLES, "charts"):
-                    storage.remove_tree(f"{target}/{name}", options.storage_options)
-                storage.upload_tree(out, target, options.storage_options)
-            outputs = {name: f"{target}/{os.path.relpath(p, out)}" for name, p in outputs.items()}
+            outputs = _upload(run, outputs)
         return AnalysisResult(
-            files=files,
-            records=records,
-            reports=reports,
-            quarantined=quarantined,
+            files=history.files,
+            records=history.records,
+            reports=history.reports,
+            quarantined=history.quarantined,
             brokers=all_brokers,
-            topics=topic_count,
+            topics=topics.count,
             windows=int(brokers_pdf["window_start"].nunique()),
             start=start,
-            end=built.now,
+            end=planned.built.now,
             strategies=strategies,
-            plan=plan_doc,
+            plan=planned.document,
             outputs=outputs,
             warnings=tuple(warnings),
-            timings=stage.timings,
+            timings=run.stage.timings,
             compacted_hours=len(compaction.compacted),
             open_hours=len(compaction.open_hours),
         )
     finally:
-        for frame in persisted:
+        for frame in run.persisted:
             frame.unpersist()
         if columnar is not None:
             compact.remove_work(columnar)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _read(run: _Run, columnar: compact.Columnar) -> _History:
+    """Stage 2: the columnar tables of the hours in range, filtered to the exact range."""
+    spark, options = run.spark, run.options
+    with run.stage("read"):
+        quarantine = columnar.read(spark, "quarantine")
+        quarantine_summary = _quarantine_summary(quarantine)
+        brokers = run.keep(
+            _in_range(columnar.read(spark, "brokers"), options.start, options.end).transform(
+                transforms.broker_rows
+            )
+        )
+        # One job: materialises the cache and gives the count and the history's end.
+        totals = brokers.agg(
+            F.count(F.lit(1)).alias("reports"),
+            F.max("timestamp").alias("now"),
+            F.collect_set("broker_id").alias("broker_ids"),
+        ).first()
+        assert totals is not None
+        topics = _in_range(columnar.read(spark, "topics"), options.start, options.end).transform(
+            transforms.topic_rows
+        )
+    quarantined = {row["kind"]: int(row["records"]) for row in quarantine_summary}
+    reports = int(totals["reports"])
+    records = reports + sum(quarantined.values())
+    if records == 0:
+        raise PipelineError(
+            f"the {columnar.files} history file(s) under {options.history}{_range_text(options)} "
+            "hold no records (every line is blank): nothing to analyse yet"
+        )
+    return _History(
+        brokers,
+        topics,
+        quarantine,
+        quarantine_summary,
+        quarantined,
+        reports,
+        records,
+        columnar.files,
+        # No valid report: no end either; `_write_quarantine` stops the run first.
+        float(totals["now"]) if reports else 0.0,
+        totals["broker_ids"],
+    )
+
+
+def _write_quarantine(run: _Run, history: _History) -> None:
+    """Stage 3: the quarantine table; a history without one valid report stops here."""
+    options = run.options
+    with run.stage("quarantine"):
+        _write(
+            _select(history.quarantine, QUARANTINE_SCHEMA),
+            run.path("quarantine"),
+            ["source", "kind", "timestamp", "raw"],
+            True,
+        )
+    if history.reports == 0:
+        summary = history.quarantine_summary
+        first = summary[0]["example"] if summary else ""
+        raise PipelineError(
+            f"none of the {history.records} records under {options.history}"
+            f"{_range_text(options)} is a valid load report; see "
+            f"{options.out.rstrip('/')}/quarantine for every reason (e.g. {first})"
+        )
+
+
+def _broker_windows(run: _Run, history: _History) -> tuple[DataFrame, pd.DataFrame]:
+    """Stage 4: broker windows (aggregates, smoothed usage, strategy scores), written and
+    kept, with the driver's copy."""
+    with run.stage("brokers"):
+        # Broker rows are few (one per report) and so are their windows: one partition
+        # each, so the group-by and the scores' window functions need no shuffle (and
+        # the strategy comparison, read from `scored`, none either).
+        windows_pdf = (
+            history.brokers.coalesce(1)
+            .transform(transforms.with_window, run.window)
+            .transform(transforms.broker_window_report)
+            .toPandas()
+        )
+        windows_pdf = transforms.add_usage_ewma(windows_pdf)
+        unscored_schema = T.StructType(
+            [f for f in BROKER_WINDOWS_SCHEMA.fields if not f.name.startswith("score_")]
+        )
+        unscored = run.spark.createDataFrame(
+            windows_pdf[unscored_schema.fieldNames()], schema=unscored_schema
+        ).coalesce(1)
+        scored = run.keep(
+            _select(unscored.transform(transforms.with_strategy_scores), BROKER_WINDOWS_SCHEMA)
+        )
+        _write(scored, run.path("broker_windows"), ["window_start", "broker_id"], True)
+        brokers_pdf: pd.DataFrame = scored.toPandas()
+    return scored, brokers_pdf
+
+
+def _strategy_comparison(run: _Run, scored: DataFrame) -> pd.DataFrame:
+    """Stage 5: CV, extremes, overloaded / underloaded brokers per window and strategy."""
+    with run.stage("strategies"):
+        # Kept for the two reads (the table and the driver's copy): computed once.
+        comparison = run.keep(
+            _select(
+                scored.transform(transforms.strategy_scores_long)
+                .coalesce(1)  # one partition, known as such: no shuffle for the windows
+                .transform(transforms.strategy_comparison_report, run.rules.cv_threshold),
+                STRATEGY_COMPARISON_SCHEMA,
+            )
+        )
+        _write(comparison, run.path("strategy_comparison"), ["window_start", "strategy"], True)
+        return comparison.toPandas()
+
+
+def _topic_windows(run: _Run, history: _History) -> _TopicWindows:
+    """Stage 6: topic windows, written and kept; the per-topic summary."""
+    with run.stage("topics"):
+        # Aggregated once and kept: the table, the per-topic summary and the policy
+        # replay's windows all read this result, never the topic rows again.
+        windowed = history.topics.transform(transforms.with_window, run.window)
+
+        def topic_report(small_windows: bool) -> DataFrame:
+            return windowed.transform(
+                transforms.topic_window_report,
+                with_first_seen=True,
+                brokers=history.broker_ids,
+                small_windows=small_windows,
+            ).persist()
+
+        # The fast p95s hold when no window has more than 21 samples of a topic (the
+        # usual case); the check also fills the cache the next steps read.
+        topic_windows = topic_report(small_windows=True)
+        largest = topic_windows.agg(F.max("samples")).first()
+        if largest is not None and (largest[0] or 0) > transforms.TOP_TWO_MAX_SAMPLES:
+            topic_windows.unpersist()
+            topic_windows = topic_report(small_windows=False)
+        run.persisted.append(topic_windows)
+        _write(
+            _select(topic_windows, TOPIC_WINDOWS_SCHEMA),
+            run.path("topic_windows"),
+            ["window_start", "topic"],
+            False,
+        )
+        # One row per topic (the plan's snapshot holds every topic anyway): the count,
+        # the report's top topics and each topic's first-seen time in one job.
+        summary = _topic_summary(topic_windows)
+        first_seen = dict(
+            zip(
+                summary["topic"].tolist(),
+                summary["first_seen"].astype(float).tolist(),
+                strict=True,
+            )
+        )
+        return _TopicWindows(topic_windows, len(summary), _top_topics(summary), first_seen)
+
+
+def _replay_policies(
+    run: _Run, topics: _TopicWindows, brokers_pdf: pd.DataFrame, since: float
+) -> list[dict[str, Any]]:
+    """Stage 7: Danube's policy and Pulsar's shedders side by side.
+
+    Replayed over the planning horizon's windows only (those starting in it): the same
+    history the plan looks at, and a cost that does not grow with the history's length."""
+    with run.stage("policies"):
+        horizon_topics = (
+            topics.frame.filter(F.col("window_start") >= F.timestamp_seconds(F.lit(since)))
+            .select(*shedding.TOPIC_WINDOW_COLUMNS)
+            .toPandas()
+        )
+        horizon_brokers = brokers_pdf[brokers_pdf["window_start"] >= pd.Timestamp(since, unit="s")]
+        policies: list[dict[str, Any]] = shedding.compare_policies(
+            horizon_brokers, horizon_topics, run.options.config.load_manager, run.strategy
+        )
+        with open(run.path("policy_comparison.json"), "w", encoding="utf-8") as fh:
+            json.dump(policies, fh, indent=2)
+        return policies
+
+
+def _plan(
+    run: _Run,
+    columnar: compact.Columnar,
+    history: _History,
+    topics: _TopicWindows,
+    since: float,
+) -> _Planned:
+    """Stage 8: the latest assignment with p95 loads → `plan_rebalance` → plan.json."""
+    spark, options, now, stale_after = run.spark, run.options, history.now, run.stale_after
+    with run.stage("plan"):
+        # Only the hours the plan looks at are read (partition pruning by path).
+        recent_hours = [h for h in columnar.hours if h.overlaps(since, None)]
+        live_hours = [h for h in columnar.hours if h.overlaps(now - stale_after, None)]
+        recent_topics = _in_range(
+            columnar.read(spark, "topics", recent_hours), options.start, options.end
+        )
+        live_topics = _in_range(
+            columnar.read(spark, "topics", live_hours), options.start, options.end
+        )
+        # Both per broker: collected together (one result, fewer jobs).
+        latest = [
+            r.asDict()
+            for r in snapshot.latest_report_rows(
+                history.brokers.coalesce(1),  # few rows: aggregated without a shuffle
+                live_topics.filter(F.col("timestamp") >= now - stale_after),
+            )
+            .join(
+                snapshot.broker_p95_report(history.brokers.coalesce(1), since),
+                on="broker_id",
+                how="left",
+            )
+            .collect()
+        ]
+        parts = snapshot.SnapshotParts(
+            latest=latest,
+            broker_p95=latest,
+            topic_p95=[
+                r.asDict() for r in snapshot.topic_p95_report(recent_topics, since).collect()
+            ],
+            first_seen=topics.first_seen,
+        )
+        built = snapshot.build_snapshot(parts, stale_after)
+        core_started = time.perf_counter()
+        plan = plan_rebalance(
+            built.snapshot,
+            run.rules,
+            run.strategy,
+            built.now,
+            options.max_moves,
+            pulsar=options.config.load_manager.pulsar,
+        )
+        # Reported apart: the core's own planning time, not Spark's.
+        run.stage.timings["plan_core"] = round(time.perf_counter() - core_started, 3)
+        document = _plan_document(
+            options, built, plan.to_dict(), run.strategy, run.window, run.horizon, stale_after
+        )
+        path = run.path("plan.json")
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=2)
+    return _Planned(built, len(plan.moves), document, path)
+
+
+def _warnings(
+    run: _Run,
+    all_brokers: tuple[str, ...],
+    planned: _Planned,
+    history: _History,
+    compaction: compact.CompactionResult,
+) -> list[str]:
+    """What the user should know about the history the run read."""
+    warnings: list[str] = []
+    if len(all_brokers) == 1:
+        warnings.append(
+            f"the history has only one broker ({all_brokers[0]}): CV is 0 by definition "
+            "and there is nothing to rebalance; add brokers' histories to compare strategies"
+        )
+    for broker, last in planned.built.departed.items():
+        warnings.append(f"broker {broker} stopped reporting at {_iso(last)}: left out of the plan")
+    if history.quarantined:
+        total = sum(history.quarantined.values())
+        kinds = ", ".join(f"{k}: {v}" for k, v in history.quarantined.items())
+        warnings.append(
+            f"{total} record(s) quarantined ({kinds}): see {run.options.out.rstrip('/')}/quarantine"
+        )
+    if compaction.open_hours:
+        warnings.append(
+            f"{len(compaction.open_hours)} hour(s) still being written were read from JSON "
+            "(compacted once closed)"
+        )
+    return warnings
+
+
+def _report(
+    run: _Run,
+    summary: dict[str, Any],
+    comparison_pdf: pd.DataFrame,
+    brokers_pdf: pd.DataFrame,
+    topics: _TopicWindows,
+    planned: _Planned,
+    history: _History,
+) -> str:
+    """Stage 9: report.html with its charts; returns its path."""
+    with run.stage("report"):
+        path: str = report.write_report(
+            run.out,
+            summary,
+            comparison_pdf,
+            brokers_pdf,
+            topics.top,
+            planned.document,
+            history.quarantine_summary,
+            run.rules.cv_threshold,
+            transforms.SCORE_COLUMNS[run.strategy],
+        )
+        return path
+
+
+def _upload(run: _Run, outputs: dict[str, str]) -> dict[str, str]:
+    """Stage 10 (remote outputs): replace the tables up there; the outputs' remote URLs."""
+    with run.stage("upload"):
+        target = run.options.out.rstrip("/")
+        for name in (*TABLES, "charts"):
+            storage.remove_tree(f"{target}/{name}", run.options.storage_options)
+        storage.upload_tree(run.out, target, run.options.storage_options)
+    return {name: f"{target}/{os.path.relpath(p, run.out)}" for name, p in outputs.items()}
 
 
 def _plan_document(

@@ -22,7 +22,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from ballast.balance.replicas import (
+from ballast.balance.kafka.replicas import (
     BrokerLayout,
     PartitionChange,
     ReplicaPlan,

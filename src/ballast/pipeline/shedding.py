@@ -1,7 +1,7 @@
 """Pulsar's policies in the data pipeline.
 
 1. Ranking scores of Pulsar's two placement strategies as Spark columns (same formulas as
-   `balance.pulsar_strategies`), so the strategy comparison covers them too.
+   `balance.pulsar.strategies`), so the strategy comparison covers them too.
 2. A side-by-side of the rebalancing policies — Danube's CV rule and Pulsar's three
    shedders — replayed on the same load history: Spark aggregates the history into windows;
    the driver replays the decision core window by window. Each policy starts from the
@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 from ballast.balance import MoveHistory, decide_rebalance
 from ballast.balance.estimate import apply_move
 from ballast.balance.imbalance import measure
-from ballast.balance.pulsar_strategies import bandwidth_percent, resource_usage_score
+from ballast.balance.pulsar.strategies import bandwidth_percent, resource_usage_score
 from ballast.balance.rebalance import active_scores
 from ballast.config import LoadManagerConfig, PulsarConfig, RebalancingPolicy, Strategy
 from ballast.model import BrokerId, BrokerMode, BrokerState, ClusterSnapshot, LoadReport, TopicLoad

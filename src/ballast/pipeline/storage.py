@@ -19,7 +19,7 @@ from typing import Any
 
 import fsspec
 
-from ballast.pipeline.history import HISTORY_GLOB
+from ballast.load_history import HISTORY_GLOB
 
 
 def is_remote(url: str) -> bool:
@@ -35,18 +35,6 @@ def local_path(url: str) -> str:
 
 def _fs(url: str, options: Mapping[str, Any]) -> tuple[Any, str]:
     return fsspec.core.url_to_fs(url, **dict(options))
-
-
-def list_history_files(root: str, options: Mapping[str, Any] | None = None) -> list[str]:
-    """History files under `root` (`date=*/hour=*/*.jsonl`), sorted, as full URLs/paths."""
-    fs, base = _fs(root, options or {})
-    if not fs.exists(base):
-        return []
-    found = sorted(fs.glob(f"{base.rstrip('/')}/{HISTORY_GLOB}"))
-    if not is_remote(root):
-        return found
-    scheme = root.split("://", 1)[0]
-    return [f"{scheme}://{path}" for path in found]
 
 
 def history_file_sizes(root: str, options: Mapping[str, Any] | None = None) -> dict[str, int]:
@@ -97,20 +85,6 @@ def replace_tree(local_dir: str, url: str, options: Mapping[str, Any] | None = N
     """Replace the directory at `url` with the files of `local_dir`."""
     remove_tree(url, options)
     upload_tree(local_dir, url, options)
-
-
-def stage_history(root: str, local_dir: str, options: Mapping[str, Any] | None = None) -> list[str]:
-    """Copy a remote history's files to `local_dir`, keeping the layout; return the local
-    file paths (sorted)."""
-    fs, base = _fs(root, options or {})
-    base = base.rstrip("/")
-    copied = []
-    for path in sorted(fs.glob(f"{base}/{HISTORY_GLOB}")):
-        target = os.path.join(local_dir, os.path.relpath(path, base))
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        fs.get(path, target)
-        copied.append(target)
-    return copied
 
 
 def upload_tree(local_dir: str, url: str, options: Mapping[str, Any] | None = None) -> None:

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ballast.balance.bundles import BundleError, NamespaceBundles
+from ballast.balance import Decision, MoveHistory
 from ballast.balance.imbalance import measure
+from ballast.balance.pulsar.bundles import BundleError, NamespaceBundles
 from ballast.balance.rebalance import active_scores
 from ballast.config import BallastConfig
 from ballast.leader import Bootstrap, LeaderMachine, Ready, Tick, Watched
@@ -130,6 +131,9 @@ class Simulator:
         self._watched = 0  # store events delivered to the leader
         self._reacted = 0  # store events the brokers have acted on
         self._checks = 0
+        # What the leader decided, as its `Ready`s tell (never read from its insides).
+        self._decision: Decision | None = None
+        self._moves: list[Move] = []
 
     # --- the simulated cluster ---------------------------------------------------------
 
@@ -302,12 +306,15 @@ class Simulator:
     def _observe(self, readies: list[Ready]) -> None:
         self.outputs += readies
         for ready in readies:
+            if ready.decision is not None:
+                self._decision = ready.decision
+            self._moves += ready.moved
             splits = sum(m.value for m in ready.metrics if m.name == "bundle_splits")
             if splits:
                 self.result.rules["bundle-split"] += int(splits)
             if any(m.name == "checks" for m in ready.metrics):
                 self._checks += 1
-                decision = self.machine.last_decision
+                decision = self._decision
                 rule = decision.rule if decision is not None else "in-flight"
                 self.result.rules[rule] += 1
 
@@ -318,7 +325,7 @@ class Simulator:
             Sample(
                 t=self.now - EPOCH,
                 cv=measure(scores).cv,
-                moves=len(self.machine.history.moves),
+                moves=len(self._moves),
                 scores=scores,
                 topics={b: len(self.assignments[b]) for b in sorted(self.brokers)},
                 rule=rule,
@@ -351,7 +358,7 @@ class Simulator:
             self._pump()
             self._pump(Tick(self.now))
             if self._checks > checks:
-                decision = self.machine.last_decision
+                decision = self._decision
                 rule = decision.rule if decision is not None else "in-flight"
             if self.now >= next_sample:
                 self._sample(rule)
@@ -362,7 +369,7 @@ class Simulator:
         if self.result.samples[-1].t != self.now - sc.step - EPOCH:
             self.now -= sc.step
             self._sample(rule)
-        self.result.moves = list(self.machine.history.moves)
+        self.result.moves = list(MoveHistory.of(self._moves).moves)
         self.result.final_topics = {b: len(ts) for b, ts in sorted(self.assignments.items())}
         return self.result
 

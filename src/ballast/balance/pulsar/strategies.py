@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ballast.balance.shedders import max_usage, max_usage_with_weight, resource_usage_score
+from ballast.balance.pulsar.shedders import max_usage, max_usage_with_weight, resource_usage_score
 from ballast.config import PulsarConfig, Strategy
 from ballast.model import BrokerId, ClusterSnapshot
 

@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeGuard
 
-from ballast.balance.replicas import (
+from ballast.balance.kafka.replicas import (
     KafkaBroker,
     PartitionAssignment,
     PartitionChange,

@@ -496,7 +496,3 @@ def bundle_stats(
     for t in loads:
         groups[layout.bundle_for_topic(t.topic)].append(t)
     return {r: BundleStats.of(ts) for r, ts in groups.items()}
-
-
-def namespace_of(topic: str) -> str:
-    return TopicName.parse(topic).namespace

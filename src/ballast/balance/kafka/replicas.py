@@ -4,7 +4,7 @@ The planner runs in three stages so that one engine can run the middle one in pa
 
 1. `topic_counts`: per topic, what each broker holds now (replicas, leaders).
 2. `plan_targets` (cluster-wide, on one machine): every broker's replica and leader
-   target for every topic (see `replica_targets`).
+   target for every topic (see `targets`).
 3. `plan_topic` (per topic, independent): relocate replicas, pick leaders, order
    followers; `assemble` adds the topics' results into one `ReplicaPlan`.
 
@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ballast.balance.replica_targets import IntArray, Shares, spread_extras, water_fill
+from ballast.balance.kafka.targets import IntArray, Shares, spread_extras, water_fill
 
 NO_BROKER = -1
 # Longest chain of leadership hand-offs used to bring one broker back to its leader target.

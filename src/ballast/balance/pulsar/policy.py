@@ -18,7 +18,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ballast.balance.bundles import (
+from ballast.balance.candidates import is_blacklisted
+from ballast.balance.estimate import apply_move
+from ballast.balance.history import MoveHistory
+from ballast.balance.noise import is_return
+from ballast.balance.placement import select_broker
+from ballast.balance.pulsar.bundles import (
     NamespaceBundles,
     SplitPlan,
     SplitResult,
@@ -28,15 +33,10 @@ from ballast.balance.bundles import (
     split_bundle,
     topic_hash,
 )
-from ballast.balance.candidates import is_blacklisted
-from ballast.balance.domains import group_counts, should_unload
-from ballast.balance.estimate import apply_move
-from ballast.balance.history import MoveHistory
-from ballast.balance.noise import is_return
-from ballast.balance.placement import select_broker
-from ballast.balance.pulsar_strategies import broker_resources
+from ballast.balance.pulsar.domains import group_counts, should_unload
+from ballast.balance.pulsar.shedders import SheddingInput, SheddingResult, run_shedder
+from ballast.balance.pulsar.strategies import broker_resources
 from ballast.balance.rankings import score_brokers
-from ballast.balance.shedders import SheddingInput, SheddingResult, run_shedder
 from ballast.config import (
     LoadManagerConfig,
     PlacementUnit,

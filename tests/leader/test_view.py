@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ballast.cluster.view import BadRecord, ClusterView, RecordKind, classify
+from ballast.leader.view import BadRecord, ClusterView, RecordKind, classify
 from ballast.metadata import keys
 from ballast.model import Assignment, MarkerReason, UnassignedMarker
 
