@@ -198,6 +198,13 @@ def topics_list(etcd: EtcdOption = DEFAULT_ETCD, as_json: JsonOption = False) ->
     _console().print(table)
 
 
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
 @topics_app.command("describe")
 def topics_describe(
     topic: Annotated[str, typer.Argument(help="Topic name.")],
@@ -219,6 +226,13 @@ def topics_describe(
         m = info.marker
         console.print(
             f"  marker: {m.reason.value} from={m.from_broker} to={m.to_broker} ready={m.ready}"
+        )
+    if detail.storage is not None:
+        st = detail.storage
+        offsets = f"offsets {st.first_offset}..{st.last_offset}" if st.objects else "empty"
+        console.print(
+            f"  storage: {st.objects} objects, {_bytes(st.bytes)}, {offsets} "
+            f"({st.descriptor_keys} descriptor keys in etcd, the rest in the index object)"
         )
     console.print(f"  placement now: {placement.broker or '-'} — {escape(placement.reason)}")
     table = Table("broker", "score", "verdict")

@@ -46,11 +46,13 @@ from ballast.model import (
     MarkerReason,
     ModelError,
     Move,
+    TopicName,
     UnassignedMarker,
     moves_from_dicts,
     topic_str,
     validate_broker_id,
 )
+from ballast.storage.catalog import StoredSize, stored_size
 
 
 class AdminError(Exception):
@@ -104,11 +106,13 @@ class TopicDetail:
     info: TopicInfo
     meta: Mapping[str, Any]
     placement: Placement  # where the topic would go if it were placed now, and why
+    storage: StoredSize | None = None  # a reliable topic's objects in the object store
 
     def to_dict(self) -> dict[str, Any]:
         return {
             **self.info.to_dict(),
             "meta": dict(self.meta),
+            "storage": self.storage.to_dict() if self.storage is not None else None,
             "placement": {
                 "broker": self.placement.broker,
                 "reason": self.placement.reason,
@@ -279,7 +283,9 @@ class AdminClient:
             pulsar=self.config.load_manager.pulsar,
         )
         meta = view.topics.get(name)
-        return TopicDetail(info, meta.to_dict() if meta is not None else {}, placement)
+        stored = await stored_size(self.store, TopicName.parse(name))
+        storage = stored if stored.objects or stored.descriptor_keys else None
+        return TopicDetail(info, meta.to_dict() if meta is not None else {}, placement, storage)
 
     async def balance(self) -> BalanceReport:
         """CV, mean, std, min, max and each active broker's classification."""

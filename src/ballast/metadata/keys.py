@@ -21,6 +21,7 @@ a foreign key instead of crashing.
 | `namespace_topics_prefix(ns)` | ``/topics/{ns}/`` |
 | `subscription_cursor(t, s)` | ``/topics/{ns}/{topic}/subscriptions/{s}/cursor`` |
 | `storage_object(t, start)` | ``/storage/topics/{ns}/{topic}/objects/{start:020}`` |
+| `storage_index(t)` | ``/storage/topics/{ns}/{topic}/index`` (names its index object) |
 | `storage_state(t)` | ``/storage/topics/{ns}/{topic}/state`` |
 | `OBJECT_STORE` | ``/storage/object_store`` (the cluster's object store and its probe) |
 | `namespace_storage_prefix(ns)` | ``/storage/topics/{ns}/`` |
@@ -104,6 +105,7 @@ __all__ = [
     "schema_subject_prefix",
     "schema_version",
     "schema_versions_prefix",
+    "storage_index",
     "storage_object",
     "storage_objects_prefix",
     "storage_state",
@@ -427,6 +429,11 @@ def parse_storage_object_key(key: str) -> tuple[TopicName, int]:
             f"{{{_OFFSET_DIGITS} digit offset}}"
         )
     return _parsed_topic(key, namespace, name, what), int(start)
+
+
+def storage_index(topic: TopicLike) -> str:
+    """Key naming the index object that holds a reliable topic's older descriptors."""
+    return f"{storage_topic_prefix(topic)}index"
 
 
 def storage_state(topic: TopicLike) -> str:

@@ -103,7 +103,7 @@ class DataPlaneHost:
         self.stats = StorageStats()
         self.pacer = WritePacer(self.storage_config.max_object_writes_per_second)
         self.counters = metrics if metrics is not None else DataPlaneMetrics()
-        self.counters.registry.register(StorageCollector(self.stats))
+        self.counters.registry.register(StorageCollector(self.stats, self._stored))
         self.directory = Directory(store, clock)
         self.topics: dict[str, ServedTopic] = {}
         self.producers: dict[int, ProducerEntry] = {}
@@ -298,6 +298,14 @@ class DataPlaneHost:
         return [self.topics[t].sample(now) for t in sorted(self.topics)]
 
     # -- registries ------------------------------------------------------------------------
+
+    def _stored(self) -> list[tuple[str, int, int]]:
+        """(topic, objects, bytes) in the object store of every reliable topic served."""
+        return [
+            (name, *served.storage.stored)
+            for name, served in list(self.topics.items())
+            if isinstance(served, ReliableServedTopic)
+        ]
 
     def add_producer(self, entry: ProducerEntry) -> None:
         """Register a producer's id (for SendMessage and HealthCheck)."""

@@ -2,14 +2,15 @@
 
 The storage layer has no metrics dependency; this collector reads its plain counters at
 scrape time: ``ballast_storage_{name}_total`` for every counter, and
-``ballast_storage_opens_total{source}`` for how topics resumed.
+``ballast_storage_opens_total{source}`` for how topics resumed, and per served reliable
+topic ``ballast_storage_topic_objects{topic}`` and ``ballast_storage_topic_bytes{topic}``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ballast.storage import StorageStats
@@ -26,12 +27,31 @@ _HELP = {
 
 
 class StorageCollector(Collector):
-    """Exports one broker's `StorageStats`."""
+    """Exports one broker's `StorageStats`, and what each reliable topic it serves keeps in
+    the object store (`stored`: topic name, objects, bytes)."""
 
-    def __init__(self, stats: StorageStats) -> None:
+    def __init__(
+        self,
+        stats: StorageStats,
+        stored: Callable[[], Iterable[tuple[str, int, int]]] = tuple,
+    ) -> None:
         self.stats = stats
+        self.stored = stored
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        objects = GaugeMetricFamily(
+            "ballast_storage_topic_objects", "Objects a served reliable topic keeps in the "
+            "object store", labels=["topic"],
+        )  # fmt: skip
+        size = GaugeMetricFamily(
+            "ballast_storage_topic_bytes", "Bytes a served reliable topic keeps in the "
+            "object store", labels=["topic"],
+        )  # fmt: skip
+        for topic, count, nbytes in self.stored():
+            objects.add_metric([topic], count)
+            size.add_metric([topic], nbytes)
+        yield objects
+        yield size
         for name, value in self.stats.snapshot().items():
             if name == "opens_by_source":
                 family = CounterMetricFamily(

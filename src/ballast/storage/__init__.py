@@ -3,7 +3,13 @@
 The public API is re-exported here; see `ReliableTopic` for the facade a broker uses.
 """
 
-from ballast.storage.catalog import ObjectCatalog, ObjectDescriptor, load_catalog
+from ballast.storage.catalog import (
+    ObjectCatalog,
+    ObjectDescriptor,
+    StoredSize,
+    load_catalog,
+    stored_size,
+)
 from ballast.storage.codec import (
     Corruption,
     DecodeResult,
@@ -79,6 +85,7 @@ __all__ = [
     "StartSource",
     "StorageConfig",
     "StorageStats",
+    "StoredSize",
     "Subscription",
     "SubscriptionCursors",
     "Tier",
@@ -100,5 +107,6 @@ __all__ = [
     "load_catalog",
     "read_object",
     "read_tiered",
+    "stored_size",
     "verify_shared_object_store",
 ]

@@ -1,17 +1,22 @@
 """The object catalog: descriptors of a topic's objects, kept in the metadata store.
 
 A descriptor lives at ``keys.storage_object(topic, start)`` and says which object holds
-the offsets ``start..end``. The catalog is the union of a topic's descriptors; the
-uploader's checkpoint is derived from it (its highest `end`), so it survives restarts and
-moves without a checkpoint file of its own.
+the offsets ``start..end``. So that a topic's keys in etcd stay few however long it runs,
+the owner moves its older descriptors into an *index object* in the object store (a JSON
+list of descriptors) named by ``keys.storage_index(topic)``: the key and the removal of
+the descriptor keys it absorbed are one fenced transaction, written after the object, so
+a crash in between leaves an unreferenced object and loses nothing. The catalog is the
+index's descriptors followed by the remaining keys; the uploader's checkpoint is derived
+from it (its highest `end`), so it survives restarts and moves without a file of its own.
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
+import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -19,15 +24,19 @@ from typing import Any
 from ballast.metadata import keys
 from ballast.metadata.store import MetadataStore
 from ballast.model import TopicName
+from ballast.storage.objects import ObjectStore
 from ballast.storage.stats import StorageStats
 
 __all__ = [
+    "CatalogIndex",
     "DescriptorError",
     "ObjectCatalog",
     "ObjectDescriptor",
     "PublishOutcome",
+    "StoredSize",
     "load_catalog",
     "publish_descriptor",
+    "stored_size",
 ]
 
 log = logging.getLogger(__name__)
@@ -86,12 +95,86 @@ class ObjectDescriptor:
         return cls(start, end, object_id, _int(data, "size", ctx), float(created))
 
 
+@dataclass(frozen=True, slots=True)
+class CatalogIndex:
+    """The value of ``keys.storage_index``: which object holds the older descriptors."""
+
+    object_id: str
+    count: int  # descriptors in it
+    start: int  # the offsets they cover
+    end: int
+    size: int  # bytes of the objects they name (so storage is reported from the key alone)
+
+    @classmethod
+    def of(cls, object_id: str, descriptors: Sequence[ObjectDescriptor]) -> CatalogIndex:
+        return cls(
+            object_id,
+            len(descriptors),
+            descriptors[0].start,
+            descriptors[-1].end,
+            sum(d.size for d in descriptors),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "object_id": self.object_id,
+            "count": self.count,
+            "start": self.start,
+            "end": self.end,
+            "size": self.size,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, ctx: str = "index") -> CatalogIndex:
+        if not isinstance(data, Mapping):
+            raise DescriptorError(f"{ctx}: expected a JSON object, got {type(data).__name__}")
+        object_id = data.get("object_id")
+        if not isinstance(object_id, str) or not object_id:
+            raise DescriptorError(f"{ctx}.object_id: expected a non-empty string")
+        return cls(
+            object_id,
+            _int(data, "count", ctx),
+            _int(data, "start", ctx),
+            _int(data, "end", ctx),
+            _int(data, "size", ctx),
+        )
+
+
+def encode_index(descriptors: Sequence[ObjectDescriptor]) -> bytes:
+    """The index object's bytes: its descriptors, in offset order."""
+    return json.dumps([d.to_dict() for d in descriptors], separators=(",", ":")).encode()
+
+
+def decode_index(data: bytes, ctx: str) -> tuple[ObjectDescriptor, ...]:
+    """An index object's descriptors; raises `DescriptorError` naming the object."""
+    try:
+        items = json.loads(data)
+    except ValueError as exc:
+        raise DescriptorError(f"{ctx}: not JSON ({exc})") from None
+    if not isinstance(items, list):
+        raise DescriptorError(f"{ctx}: expected a JSON list")
+    return tuple(ObjectDescriptor.from_dict(item, f"{ctx}[{i}]") for i, item in enumerate(items))
+
+
 @dataclass(frozen=True)
 class ObjectCatalog:
-    """A topic's descriptors sorted by start offset, without overlaps."""
+    """A topic's descriptors sorted by start offset, without overlaps: first those of the
+    index object (`index`, `indexed` of them), then those still kept as keys."""
 
     objects: tuple[ObjectDescriptor, ...] = ()
     revision: int = 0
+    index: CatalogIndex | None = None
+    indexed: int = 0
+
+    @property
+    def keyed(self) -> tuple[ObjectDescriptor, ...]:
+        """The descriptors that are keys in the metadata store (not in the index)."""
+        return self.objects[self.indexed :]
+
+    @property
+    def size(self) -> int:
+        """Bytes of every object the catalog names."""
+        return sum(d.size for d in self.objects)
 
     @property
     def start(self) -> int | None:
@@ -121,16 +204,41 @@ class ObjectCatalog:
 
 
 async def load_catalog(
-    store: MetadataStore, topic: TopicName, stats: StorageStats | None = None
+    store: MetadataStore,
+    topic: TopicName,
+    stats: StorageStats | None = None,
+    *,
+    objects: ObjectStore | None = None,
+    previous: ObjectCatalog | None = None,
 ) -> ObjectCatalog:
-    """Read every descriptor of `topic`; malformed or overlapping ones are logged and skipped."""
-    listing = await store.get_prefix(keys.storage_objects_prefix(topic))
+    """Read every descriptor of `topic` (the index object from `objects`, unless it is
+    `previous`'s: index objects never change); malformed or overlapping descriptor keys
+    are logged and skipped. One listing, so the index and the keys are of one revision."""
+    listing = await store.get_prefix(keys.storage_topic_prefix(topic))
     for undecodable in listing.undecodable:
         log.warning("storage %s: skipping descriptor: %s", topic, undecodable)
         if stats is not None:
             stats.descriptors_skipped += 1
+    objects_prefix = keys.storage_objects_prefix(topic)
+    index_key = keys.storage_index(topic)
+    index: CatalogIndex | None = None
+    indexed: tuple[ObjectDescriptor, ...] = ()
     parsed: list[ObjectDescriptor] = []
     for item in listing.items:
+        if item.key == index_key:
+            index = CatalogIndex.from_dict(item.value, item.key)
+            if previous is not None and previous.index == index:
+                indexed = previous.objects[: previous.indexed]
+            else:
+                if objects is None:
+                    raise DescriptorError(
+                        f"{item.key}: the catalog has an index object; reading it needs "
+                        "the object store"
+                    )
+                indexed = decode_index(await objects.get(index.object_id), index.object_id)
+            continue
+        if not item.key.startswith(objects_prefix):
+            continue
         try:
             descriptor = ObjectDescriptor.from_dict(item.value, item.key)
             _, start = keys.parse_storage_object_key(item.key)
@@ -145,9 +253,9 @@ async def load_catalog(
             continue
         parsed.append(descriptor)
     parsed.sort(key=lambda d: d.start)
-    objects: list[ObjectDescriptor] = []
+    found: list[ObjectDescriptor] = list(indexed)
     for descriptor in parsed:
-        if objects and descriptor.start <= objects[-1].end:
+        if found and descriptor.start <= found[-1].end:
             # The uploader never writes overlaps; one found here came from outside. Keep the
             # earlier object so a reader never sees an offset twice.
             log.error(
@@ -155,14 +263,60 @@ async def load_catalog(
                 topic,
                 descriptor.start,
                 descriptor.end,
-                objects[-1].start,
-                objects[-1].end,
+                found[-1].start,
+                found[-1].end,
             )
             if stats is not None:
                 stats.descriptors_skipped += 1
             continue
-        objects.append(descriptor)
-    return ObjectCatalog(tuple(objects), listing.revision)
+        found.append(descriptor)
+    return ObjectCatalog(tuple(found), listing.revision, index, len(indexed))
+
+
+@dataclass(frozen=True)
+class StoredSize:
+    """What a topic keeps in the object store, from its metadata alone."""
+
+    objects: int
+    bytes: int
+    first_offset: int | None
+    last_offset: int | None
+    descriptor_keys: int  # keys in the metadata store (the rest are in the index object)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "objects": self.objects,
+            "bytes": self.bytes,
+            "first_offset": self.first_offset,
+            "last_offset": self.last_offset,
+            "descriptor_keys": self.descriptor_keys,
+        }
+
+
+async def stored_size(store: MetadataStore, topic: TopicName) -> StoredSize:
+    """The topic's objects, bytes and offsets (index key plus descriptor keys; bad keys are
+    left out, as `load_catalog` does)."""
+    listing = await store.get_prefix(keys.storage_topic_prefix(topic))
+    objects_prefix = keys.storage_objects_prefix(topic)
+    index: CatalogIndex | None = None
+    keyed: list[ObjectDescriptor] = []
+    for item in listing.items:
+        try:
+            if item.key == keys.storage_index(topic):
+                index = CatalogIndex.from_dict(item.value, item.key)
+            elif item.key.startswith(objects_prefix):
+                keyed.append(ObjectDescriptor.from_dict(item.value, item.key))
+        except DescriptorError:
+            continue
+    starts = [d.start for d in keyed] + ([index.start] if index is not None else [])
+    ends = [d.end for d in keyed] + ([index.end] if index is not None else [])
+    return StoredSize(
+        objects=len(keyed) + (index.count if index is not None else 0),
+        bytes=sum(d.size for d in keyed) + (index.size if index is not None else 0),
+        first_offset=min(starts) if starts else None,
+        last_offset=max(ends) if ends else None,
+        descriptor_keys=len(keyed),
+    )
 
 
 class PublishOutcome(StrEnum):

@@ -68,6 +68,9 @@ class StorageConfig:
     # `WritePacer`): beyond it objects get fuller, not more numerous.
     max_object_writes_per_second: float = 500.0
     merge_grace_seconds: float = 30.0  # merged objects are deleted this long after
+    # Descriptor keys a topic may have in the metadata store before the older ones move
+    # into its index object (a quarter of this many stay keys).
+    catalog_keys: int = 64
     ack_timeout_seconds: float = 30.0  # an append not committed by then fails (not acked)
     upload_retry_initial_seconds: float = 0.05
     upload_retry_max_seconds: float = 5.0
@@ -93,6 +96,7 @@ class StorageConfig:
             "merge_objects": self.merge_objects,
             "max_object_writes_per_second": self.max_object_writes_per_second,
             "merge_grace_seconds": self.merge_grace_seconds,
+            "catalog_keys": self.catalog_keys,
             "ack_timeout_seconds": self.ack_timeout_seconds,
             "upload_retry_initial_seconds": self.upload_retry_initial_seconds,
             "upload_retry_max_seconds": self.upload_retry_max_seconds,

@@ -90,7 +90,9 @@ async def read_tiered(
             descriptor = catalog.find(next_offset) if catalog is not None else None
             if descriptor is None:
                 # New objects may have been uploaded since the last listing.
-                catalog = await load_catalog(metadata, topic, stats)
+                catalog = await load_catalog(
+                    metadata, topic, stats, objects=objects, previous=catalog
+                )
                 descriptor = catalog.find(next_offset)
             if descriptor is None:
                 next_offset = _skip_hole(topic, catalog, next_offset, wal.first_offset, stats)

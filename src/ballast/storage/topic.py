@@ -227,7 +227,7 @@ class ReliableTopic:
             except StateError as exc:
                 # Without a trustworthy seal, fall back to the evidence: never reuse offsets.
                 log.error("storage %s: ignoring malformed state: %s", self.topic, exc)
-        catalog = await load_catalog(self._metadata, self.topic, self.stats)
+        catalog = await load_catalog(self._metadata, self.topic, self.stats, objects=self._objects)
         wal = WriteAheadLog(
             self.directory,
             clock=self._clock,
@@ -423,6 +423,13 @@ class ReliableTopic:
     def gaps(self) -> tuple[Gap, ...]:
         """Offset ranges skipped after crashes: they hold no message (sorted, disjoint)."""
         return self._gaps
+
+    @property
+    def stored(self) -> tuple[int, int]:
+        """(objects, bytes) this topic keeps in the object store; (0, 0) before open."""
+        if self._uploader is None:
+            return 0, 0
+        return self._uploader.stored_objects, self._uploader.stored_bytes
 
     @property
     def uploaded_offset(self) -> int:

@@ -49,9 +49,12 @@ from ballast.metadata import keys
 from ballast.metadata.store import Delete, MetadataError, MetadataStore, Put, TxnOp
 from ballast.model import TopicName
 from ballast.storage.catalog import (
+    CatalogIndex,
     ObjectCatalog,
     ObjectDescriptor,
     PublishOutcome,
+    encode_index,
+    load_catalog,
     publish_descriptor,
 )
 from ballast.storage.codec import Record
@@ -82,6 +85,7 @@ RETRYABLE: tuple[type[BaseException], ...] = (
 # per transaction).
 _MERGE_MAX = 100
 _COMMIT_BATCH = 100
+_INDEX_CHUNK = 100  # descriptor keys removed per transaction (etcd: 128 operations)
 
 
 class UploadConflictError(Exception):
@@ -95,6 +99,11 @@ class DurabilityTimeoutError(Exception):
 def object_name(topic: TopicName, start: int, end: int) -> str:
     """A fresh object name for the range; the random part keeps retries from overwriting."""
     return f"{topic.namespace}/{topic.name}/{start:020d}-{end:020d}-{uuid.uuid4().hex[:12]}.bobj"
+
+
+def index_name(topic: TopicName, end: int) -> str:
+    """A fresh name for an index object covering descriptors up to offset `end`."""
+    return f"{topic.namespace}/{topic.name}/index-{end:020d}-{uuid.uuid4().hex[:12]}.json"
 
 
 class Uploader:
@@ -145,6 +154,14 @@ class Uploader:
         self._name = f"uploader{topic}"
         # Small objects committed and not merged yet (contiguous runs, in offset order).
         self._small: list[ObjectDescriptor] = _small_tail(catalog, self._config)
+        # The catalog's index object (older descriptors) and how many descriptor keys the
+        # topic has (an estimate between compactions, see `_compact`).
+        self._index = catalog.index if catalog is not None else None
+        self._indexed = list(catalog.objects[: catalog.indexed]) if catalog is not None else []
+        self._keys = len(catalog.keyed) if catalog is not None else 0
+        # What the topic keeps in the object store (metrics).
+        self.stored_objects = len(catalog.objects) if catalog is not None else 0
+        self.stored_bytes = catalog.size if catalog is not None else 0
         self._last_merge = clock.now()
         self._garbage: deque[tuple[float, str]] = deque()  # (delete after, object), merged
         self._failing = False  # in an outage: log its end once
@@ -259,6 +276,9 @@ class Uploader:
                     await self._write_objects(self._wal.committed_offset)
                 if self._claim is not None:
                     await self._merge_due()
+                    if self._keys > self._config.catalog_keys:
+                        async with self._lock:
+                            await self._compact()
                     await self._collect_garbage()
                 await self._wal.apply_retention()
                 delay = self._config.upload_retry_initial_seconds
@@ -411,6 +431,7 @@ class Uploader:
                     self._notify()
                     log.warning("%s: %s; nothing more is committed here", self._name, exc)
                     return
+            self._keys += len(ops)
             for descriptor, end, nbytes in batch:
                 if descriptor is not None:
                     self._committed_range(descriptor, nbytes)
@@ -466,6 +487,8 @@ class Uploader:
 
     def _committed_range(self, descriptor: ObjectDescriptor, nbytes: int) -> None:
         self._checkpoint = descriptor.end
+        self.stored_objects += 1
+        self.stored_bytes += descriptor.size
         self._stats.objects_uploaded += 1
         self._stats.bytes_uploaded += nbytes
         self._wal.mark_uploaded(descriptor.end, nbytes)
@@ -530,6 +553,9 @@ class Uploader:
         assert claim is not None
         await self._retrying(f"committing merged {start}..{end}", lambda: claim.commit(ops))
         del self._small[: len(group)]
+        self._keys -= len(group) - 1
+        self.stored_objects -= len(group) - 1
+        self.stored_bytes += merged.size - sum(d.size for d in group)
         after = self._clock.now() + self._config.merge_grace_seconds
         self._garbage.extend((after, d.object_id) for d in group)
         self._stats.objects_merged += len(group)
@@ -537,6 +563,45 @@ class Uploader:
             "%s: merged %d objects into %s (%d..%d)", self._name, len(group), name, start, end
         )
         return True
+
+    # -- the index object -----------------------------------------------------------------
+
+    async def _compact(self) -> None:
+        """Move the older descriptor keys into a new index object (see `catalog`), so the
+        topic keeps at most about `catalog_keys` keys in the metadata store."""
+        claim = self._claim
+        assert claim is not None
+        mine = ObjectCatalog(tuple(self._indexed), 0, self._index, len(self._indexed))
+        catalog = await load_catalog(
+            self._metadata, self.topic, self._stats, objects=self._objects, previous=mine
+        )
+        keyed = catalog.keyed
+        self._keys = len(keyed)
+        # The newest stay keys, and so does every small object still to be merged (a merge
+        # rewrites their keys).
+        below = self._small[0].start if self._small else math.inf
+        movable = [d for d in keyed[: len(keyed) - self._config.catalog_keys // 4] if d.end < below]
+        while movable:
+            chunk, movable = movable[:_INDEX_CHUNK], movable[_INDEX_CHUNK:]
+            content = [*self._indexed, *chunk]
+            name = index_name(self.topic, chunk[-1].end)
+            data = encode_index(content)
+            await self._retrying(
+                f"writing index {name}", functools.partial(self._objects.put, name, data)
+            )
+            index = CatalogIndex.of(name, content)
+            ops: list[TxnOp] = [
+                Put(keys.storage_index(self.topic), index.to_dict()),
+                *(Delete(keys.storage_object(self.topic, d.start)) for d in chunk),
+            ]
+            await self._retrying(f"committing index {name}", functools.partial(claim.commit, ops))
+            if self._index is not None:  # readers may still be reading the previous one
+                after = self._clock.now() + self._config.merge_grace_seconds
+                self._garbage.append((after, self._index.object_id))
+            self._index, self._indexed = index, content
+            self._keys -= len(chunk)
+            self._stats.descriptors_indexed += len(chunk)
+            log.debug("%s: %d descriptors moved into %s", self._name, len(chunk), name)
 
     async def _records(self, group: list[ObjectDescriptor]) -> list[Record]:
         """The records of `group`: from the local WAL, else from the objects themselves."""
