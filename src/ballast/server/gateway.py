@@ -70,6 +70,7 @@ BROKER_HEADER = "x-danube-broker-url"
 _FORWARDED_HEADERS = ("authorization",)
 _CACHE_IDS = 100_000
 _CLOSE_DELAY = 0.2  # end a held stream this long after its CLOSE went out
+_LOADING_POLL = 0.03  # a carried session asks a new owner still opening its topic this often
 _REACH_TIMEOUT = 0.25  # a probe of a dead owner must not hold up noticing its heir
 
 _REFUSALS = (
@@ -568,6 +569,7 @@ class Gateway(Served, grpc.GenericRpcHandler):
                 return  # another call already did
             while True:
                 owner = self.table.owner(session.topic)
+                answered = False  # the owner answered (it is opening the topic): ask again soon
                 if owner is not None:
                     try:
                         reply = await self.links.unary(owner.url, method)(
@@ -578,6 +580,7 @@ class Gateway(Served, grpc.GenericRpcHandler):
                     except grpc.aio.AioRpcError as exc:
                         if exc.code() is not grpc.StatusCode.UNAVAILABLE:
                             raise _Abort(exc.code(), exc.details() or exc.code().name) from None
+                        answered = not _connection_lost(exc)
                     else:
                         if method == _CREATE_PRODUCER:
                             broker_id = pb.ProducerResponse.FromString(reply).producer_id
@@ -594,7 +597,7 @@ class Gateway(Served, grpc.GenericRpcHandler):
                         f"topic {session.topic} has no serving owner after "
                         f"{self.settings.lookup_wait_seconds} s; look it up again",
                     )
-                await self.table.changed(min(0.2, left))
+                await self.table.changed(min(_LOADING_POLL if answered else 0.2, left))
 
     # -- producers -------------------------------------------------------------------------
 
