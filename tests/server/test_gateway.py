@@ -73,7 +73,10 @@ class Traffic:
                 self.received.append(
                     (int(msg.payload.decode()), msg.msg_id.topic_offset, time.monotonic())
                 )
-                await consumer.ack(msg)
+                try:
+                    await consumer.ack(msg)
+                except grpc.aio.AioRpcError as exc:  # in flight when a gateway died
+                    self.errors.append(f"ack {exc.code().name}: {exc.details()}")
         finally:
             await consumer.close()
 

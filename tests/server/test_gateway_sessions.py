@@ -16,6 +16,7 @@ import pytest
 from ballast.cluster import AdminClient
 from ballast.metadata.etcd import EtcdStore
 from ballast.server.gateway import Gateway
+from tests.etcd_fixtures import TcpProxy
 from tests.server.helpers import DataCluster, SubType, data_config, new_client, wait_until
 from tests.server.test_gateway import Traffic
 from tests.server.test_moves import reliable_producer
@@ -27,6 +28,10 @@ TOPIC = "/default/carried"
 
 def longest_gap(times: list[float]) -> float:
     return max((b - a for a, b in pairwise(times)), default=0.0)
+
+
+async def _more(traffic: Traffic, count: int) -> bool:
+    return len(traffic.received) >= count
 
 
 @pytest.fixture
@@ -118,3 +123,50 @@ async def test_moves_through_the_gateway_are_a_pause_not_an_error(
         await audit.ack(message)
     await audit.close()
     assert sent <= seen, sorted(sent - seen)[:10]
+
+
+async def test_two_gateways_behind_one_address_survive_the_death_of_one(
+    gateway_cluster: tuple[DataCluster, Gateway], etcd_store: EtcdStore, tmp_path: Path
+) -> None:
+    """A TCP balancer (here a proxy that a test re-points) in front of two gateways: when
+    the gateway a client used dies, the balancer sends it to the other; the client's ids
+    are unknown there, so it recreates its producer and re-subscribes (the broker answers
+    UNAVAILABLE / CLOSE, as after a restart) and nothing acknowledged is lost."""
+    cluster, first = gateway_cluster
+    async with Gateway(etcd_store, data_config(tmp_path), "127.0.0.1:0") as second:
+        balancer = TcpProxy(int(first.url.rsplit(":", 1)[1]))
+        await balancer.start()
+        address = f"127.0.0.1:{balancer.port}"
+        second.advertise = first.advertise = address  # both answer lookups with the shared one
+        traffic = Traffic(await new_client(address), TOPIC)
+        await traffic.start()
+        try:
+            await wait_until(lambda: _more(traffic, 30), 20, "messages to flow")
+            # The balancer has noticed: new connections go to the second gateway, and the
+            # first dies with its connections.
+            balancer.target_port = int(second.url.rsplit(":", 1)[1])
+            await balancer.cut()
+            await balancer.restore()
+            await first.stop(grace=0)
+            died_at = time.monotonic()
+
+            async def resumed() -> bool:
+                return any(w > died_at for w in traffic.acked.values()) and any(
+                    w > died_at for _, _, w in traffic.received
+                )
+
+            await wait_until(resumed, 40, "producer and consumer to resume on the other gateway")
+            traffic.stop.set()
+            await asyncio.sleep(0.3)
+
+            async def drained() -> bool:
+                return not traffic.missing()
+
+            await wait_until(drained, 20, f"every acknowledged message ({traffic.missing()})")
+        finally:
+            await traffic.close()
+            await balancer.cut()
+        # At most the calls in flight when the gateway died fail (a send, an ack).
+        assert len(traffic.errors) <= 2, traffic.errors
+        assert second.counts.get("lookup", 0) >= 1, second.counts
+        assert cluster.owner(TOPIC) is not None

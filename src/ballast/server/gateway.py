@@ -783,7 +783,9 @@ class Gateway(Served, grpc.GenericRpcHandler):
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() is grpc.StatusCode.CANCELLED and closed.is_set():
                         return
-                    if not _connection_lost(exc):
+                    # NOT_FOUND: the broker does not know the id (another gateway's session,
+                    # whose gateway died): the close handshake sends the client to subscribe.
+                    if not _connection_lost(exc) and exc.code() is not grpc.StatusCode.NOT_FOUND:
                         await context.abort(exc.code(), exc.details() or exc.code().name)
             # The broker is gone: keep the stream open until the health check has told the
             # client to re-subscribe (CLOSE), then end it.
