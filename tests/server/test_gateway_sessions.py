@@ -16,6 +16,7 @@ import pytest
 from ballast.cluster import AdminClient
 from ballast.metadata.etcd import EtcdStore
 from ballast.server.gateway import Gateway
+from ballast.server.gateway_sessions import ACKED_REMEMBERED, HeldBudget, SessionTable
 from tests.etcd_fixtures import TcpProxy
 from tests.server.helpers import DataCluster, SubType, data_config, new_client, wait_until
 from tests.server.test_gateway import Traffic
@@ -170,3 +171,32 @@ async def test_two_gateways_behind_one_address_survive_the_death_of_one(
         assert len(traffic.errors) <= 2, traffic.errors
         assert second.counts.get("lookup", 0) >= 1, second.counts
         assert cluster.owner(TOPIC) is not None
+
+
+def test_held_sends_are_bounded_in_count_and_bytes() -> None:
+    budget = HeldBudget(max_count=2, max_bytes=100)
+    assert budget.take(60)
+    assert not budget.take(41)  # bytes
+    assert budget.take(40)
+    assert not budget.take(0)  # count
+    budget.give_back(60)
+    assert budget.take(60)
+    assert (budget.count, budget.bytes) == (2, 100)
+
+
+def test_sessions_are_bounded_and_found_by_subscription() -> None:
+    table = SessionTable(limit=2)
+    first = table.add_consumer("/default/t", "s", b"", "b1:1", 11)
+    second = table.add_consumer("/default/t", "s", b"", "b1:1", 12)
+    assert {s.id for s in table.subscribed("/default/t", "s")} == {first, second}
+    assert table.consumer(first) is not None  # used: the second is now the oldest
+    third = table.add_consumer("/default/u", "s", b"", "b2:1", 13)
+    assert table.consumer(second) is None
+    assert [s.id for s in table.subscribed("/default/t", "s")] == [first]
+    assert [s.id for s in table.subscribed("/default/u", "s")] == [third]
+    assert len({first, second, third, table.add_producer("/default/t", b"", "b1:1", 11)}) == 4
+    session = table.consumers[first]
+    for offset in range(ACKED_REMEMBERED + 5):
+        session.remember_ack(offset)
+    assert len(session.acked) == ACKED_REMEMBERED and session.max_acked == ACKED_REMEMBERED + 4
+    assert not session.already_acked(0) and session.already_acked(ACKED_REMEMBERED + 4)
