@@ -25,7 +25,10 @@ from ballast.server.dispatch import new_id
 
 __all__ = ["ConsumerSession", "HeldBudget", "ProducerSession", "SessionTable"]
 
-ACKED_REMEMBERED = 10_000  # acknowledged offsets a consumer session remembers (newest)
+# Acknowledged offsets a consumer session remembers (the newest): a new owner redelivers
+# from the persisted cursor, which trails the acks by at most `cursor_flush_acks` (1 000)
+# plus the consumer's unacknowledged window.
+ACKED_REMEMBERED = 2048
 
 
 @dataclass
