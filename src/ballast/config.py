@@ -360,6 +360,10 @@ class GatewaySettings(_Strict):
     # A consumer stream whose broker vanished is held open until the health check has
     # answered CLOSE (at most this long), so the client re-subscribes without a reopen spin.
     close_hold_seconds: float = Field(12.0, gt=0)
+    # While a topic moves or its owner is replaced, sends wait in the gateway (at most
+    # this many, of at most this many payload bytes in all; beyond, UNAVAILABLE as before).
+    held_sends_max: int = Field(10_000, ge=0)
+    held_bytes_max: int = Field(64 * 1024 * 1024, ge=0)
 
 
 class BallastConfig(_Strict):

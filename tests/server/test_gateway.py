@@ -73,7 +73,10 @@ class Traffic:
                 self.received.append(
                     (int(msg.payload.decode()), msg.msg_id.topic_offset, time.monotonic())
                 )
-                await consumer.ack(msg)
+                try:
+                    await consumer.ack(msg)
+                except grpc.aio.AioRpcError as exc:  # in flight when a gateway died
+                    self.errors.append(f"ack {exc.code().name}: {exc.details()}")
         finally:
             await consumer.close()
 
@@ -130,7 +133,7 @@ async def test_lookups_through_gateways_name_the_owner_and_proxy(
         await procs.close()
 
 
-async def test_clients_survive_the_sigkill_of_the_owner(
+async def test_clients_survive_the_sigkill_of_the_owner_without_an_error(
     etcd_store: EtcdStore, etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
     # Nothing reaches the object store before the kill: the acknowledged messages live
@@ -167,16 +170,28 @@ async def test_clients_survive_the_sigkill_of_the_owner(
         await wait_until(behind, 30, "the consumer to fall behind")
         victim = await procs.owner(topic)
         assert victim in ("k1", "k2")
-        killed_at = time.monotonic()
         await procs.kill(victim)
         t.running.set()
 
+        async def reassigned() -> bool:
+            return await procs.owner(topic) not in (None, victim)
+
+        await wait_until(reassigned, 40, "the topic to get a new owner", interval=0.02)
+        reassigned_at = time.monotonic()
+
         async def recovered() -> bool:
-            return any(when > killed_at + 0.5 for _, _, when in t.received) and any(
-                when > killed_at + 0.5 for when in t.acked.values()
+            return any(when > reassigned_at for _, _, when in t.received) and any(
+                when > reassigned_at for when in t.acked.values()
             )
 
         await wait_until(recovered, 40, "producer and consumer to resume after the kill")
+        # The gateway held the calls and carried both to the new owner: they flow as soon
+        # as it serves the topic, with no client backoff (which took 2.3-2.8 s).
+        flowing = max(
+            min(when for _, _, when in t.received if when > reassigned_at),
+            min(when for when in t.acked.values() if when > reassigned_at),
+        )
+        assert flowing - reassigned_at < 2.0, flowing - reassigned_at
         survivor = await procs.owner(topic)
         assert survivor is not None and survivor != victim
         await asyncio.sleep(1.0)

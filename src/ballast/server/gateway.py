@@ -15,14 +15,22 @@ address:
 - **Every other call** is forwarded to the broker named in the ``x-danube-broker-url``
   header (one channel per broker, payloads passed through as bytes); without the header
   it goes to the topic's owner.
-- **When that broker is gone** (not registered, or the connection fails), producers'
-  calls get UNAVAILABLE (the client backs off, looks up again here and recreates itself
-  on the new owner); a consumer's stream is kept open, its next HealthCheck answers CLOSE
-  and the stream ends just after, so the client re-subscribes through the gateway without
-  a reopen spin. Ack and Nack for a gone broker answer OK (the messages are redelivered:
-  at-least-once).
+- **Producers and consumers created here are sessions** (`gateway_sessions`): the client
+  gets an id of the gateway's, and when the topic moves or its owner dies the gateway
+  re-creates the producer or consumer on the new owner and carries on, so the client
+  sees a pause, not an error: sends are held (bounded) and forwarded to the new owner,
+  the consumer stream stays open and continues from the new owner, dropping what the
+  client already acknowledged. Acks and Nacks go to the topic's current owner.
+- **Ids this gateway did not hand out** (another gateway's, or from before a restart)
+  are forwarded as they are. When that broker is gone, producers' calls get UNAVAILABLE
+  (the client looks up again here and recreates itself); a consumer's stream is kept
+  open, its next HealthCheck answers CLOSE and the stream ends just after, so the client
+  re-subscribes without a reopen spin. Ack and Nack for a gone broker answer OK (the
+  messages are redelivered: at-least-once).
 
-A gateway keeps no state beyond caches, so several can run side by side.
+The sessions are the gateway's only state besides caches: when a gateway dies its
+clients recreate their producers and consumers through another one (as on any
+UNAVAILABLE), so several can run side by side behind one address.
 """
 
 from __future__ import annotations
@@ -30,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,10 +50,13 @@ from ballast.config import BallastConfig
 from ballast.metadata import MetadataError, MetadataStore, WatchEvent, keys
 from ballast.model import InvalidTopicName, TopicName
 from ballast.server.directory import Directory
+from ballast.server.gateway_sessions import ConsumerSession, HeldBudget, SessionTable
 from ballast.server.protocol import (
     CLIENT_CONSUMER,
+    CLIENT_PRODUCER,
     CONNECT,
     HEALTH_CLOSE,
+    HEALTH_OK,
     pb,
 )
 from ballast.server.security import channel_credentials, interceptors, server_credentials
@@ -60,7 +70,14 @@ BROKER_HEADER = "x-danube-broker-url"
 _FORWARDED_HEADERS = ("authorization",)
 _CACHE_IDS = 100_000
 _CLOSE_DELAY = 0.2  # end a held stream this long after its CLOSE went out
+_LOADING_POLL = 0.03  # a carried session asks a new owner still opening its topic this often
 _REACH_TIMEOUT = 0.25  # a probe of a dead owner must not hold up noticing its heir
+
+_REFUSALS = (
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.INVALID_ARGUMENT,
+)
 
 _LOOKUP = "/danube.Discovery/TopicLookup"
 _PARTITIONS = "/danube.Discovery/TopicPartitions"
@@ -272,7 +289,9 @@ class Gateway(Served, grpc.GenericRpcHandler):
         self.table = OwnerTable(store)
         self.directory = Directory(store, SystemClock())
         self.links = BrokerLinks(channel_credentials(config.tls))
-        self.consumer_routes: OrderedDict[int, str] = OrderedDict()
+        self.sessions = SessionTable(_CACHE_IDS)
+        self.held = HeldBudget(self.settings.held_sends_max, self.settings.held_bytes_max)
+        self._reacks: set[asyncio.Task[None]] = set()
         self._held: dict[int, set[asyncio.Event]] = {}
         self._server: grpc.aio.Server | None = None
         self._watch: asyncio.Task[None] | None = None
@@ -381,8 +400,13 @@ class Gateway(Served, grpc.GenericRpcHandler):
                 forwarded.append((key, text))
         return header, forwarded
 
-    def _route(self, header: str | None, topic: str | None, consumer: int | None) -> Route | None:
-        """Where a call goes: the header's broker, else the owner, else a cached route."""
+    def _route(
+        self, header: str | None, topic: str | None, *, stream: bool = False
+    ) -> Route | None:
+        """Where a call goes: the header's broker, else the owner, else any broker.
+
+        A consumer's stream or health check without the header has nowhere to go.
+        """
         if header:
             broker = self.table.registered(header)
             return Route(broker, header) if broker is not None else None
@@ -390,13 +414,7 @@ class Gateway(Served, grpc.GenericRpcHandler):
             owner = self.table.owner(topic)
             if owner is not None:
                 return owner
-        if consumer is not None:
-            url = self.consumer_routes.get(consumer)
-            if url is not None and self.table.registered(url) is not None:
-                return Route(self.table.registered(url), url)
-        if topic or consumer is None:
-            return self.table.any_broker()
-        return None
+        return None if stream else self.table.any_broker()
 
     @staticmethod
     def _gone(route: Route | None, header: str | None) -> _Abort:
@@ -413,11 +431,11 @@ class Gateway(Served, grpc.GenericRpcHandler):
         context: grpc.aio.ServicerContext,
         *,
         topic: str | None = None,
-        consumer: int | None = None,
+        stream: bool = False,
     ) -> tuple[bytes, Route]:
         """Send one unary call on; `_Abort` carries the answer when it fails."""
         header, metadata = self._metadata(context)
-        route = self._route(header, topic, consumer)
+        route = self._route(header, topic, stream=stream)
         if route is None:
             raise self._gone(route, header)
         call = self.links.unary(route.url, method)
@@ -459,10 +477,9 @@ class Gateway(Served, grpc.GenericRpcHandler):
         context: grpc.aio.ServicerContext,
         *,
         topic: str | None = None,
-        consumer: int | None = None,
     ) -> bytes:
         try:
-            reply, _ = await self._forward(method, request, context, topic=topic, consumer=consumer)
+            reply, _ = await self._forward(method, request, context, topic=topic)
         except _Abort as exc:
             self._count(f"{method.rsplit('/', 1)[-1]}:{exc.code.name}")
             await context.abort(exc.code, exc.message)
@@ -531,40 +548,226 @@ class Gateway(Served, grpc.GenericRpcHandler):
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"metadata store unavailable: {exc}")
         return pb.TopicPartitionsResponse(request_id=request.request_id, partitions=names)
 
+    # -- sessions --------------------------------------------------------------------------
+
+    async def _recreate(
+        self,
+        session: Any,
+        method: str,
+        generation: int,
+        metadata: list[tuple[str, str]],
+        deadline: float,
+    ) -> None:
+        """Create the session's producer/consumer on the topic's serving owner.
+
+        Waits (until `deadline`) while the topic has no owner, its owner is unreachable
+        or still opening it; concurrent callers re-create once. `_Abort` when it cannot.
+        """
+        loop = asyncio.get_running_loop()
+        async with session.lock:
+            if session.generation != generation:
+                return  # another call already did
+            while True:
+                owner = self.table.owner(session.topic)
+                answered = False  # the owner answered (it is opening the topic): ask again soon
+                if owner is not None:
+                    try:
+                        reply = await self.links.unary(owner.url, method)(
+                            session.request,
+                            metadata=metadata,
+                            timeout=self.settings.forward_timeout_seconds,
+                        )
+                    except grpc.aio.AioRpcError as exc:
+                        if exc.code() is not grpc.StatusCode.UNAVAILABLE:
+                            raise _Abort(exc.code(), exc.details() or exc.code().name) from None
+                        answered = not _connection_lost(exc)
+                    else:
+                        if method == _CREATE_PRODUCER:
+                            broker_id = pb.ProducerResponse.FromString(reply).producer_id
+                        else:
+                            broker_id = pb.ConsumerResponse.FromString(reply).consumer_id
+                        session.url, session.broker_id = owner.url, broker_id
+                        session.generation += 1
+                        self._count(f"{method.rsplit('/', 1)[-1]}:carried")
+                        return
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise _Abort(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"topic {session.topic} has no serving owner after "
+                        f"{self.settings.lookup_wait_seconds} s; look it up again",
+                    )
+                await self.table.changed(min(_LOADING_POLL if answered else 0.2, left))
+
     # -- producers -------------------------------------------------------------------------
 
     async def _create_producer(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         topic = pb.ProducerRequest.FromString(request).topic_name
-        return await self._unary(_CREATE_PRODUCER, request, context, topic=topic)
+        try:
+            reply, route = await self._forward(_CREATE_PRODUCER, request, context, topic=topic)
+        except _Abort as exc:
+            self._count(f"CreateProducer:{exc.code.name}")
+            await context.abort(exc.code, exc.message)
+        answer = pb.ProducerResponse.FromString(reply)
+        answer.producer_id = self.sessions.add_producer(
+            topic, request, route.url, answer.producer_id
+        )
+        return bytes(answer.SerializeToString())
 
     async def _send(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        header, _ = self._metadata(context)
-        topic = None if header else pb.StreamMessage.FromString(request).msg_id.topic_name
-        return await self._unary(_SEND, request, context, topic=topic)
+        message = pb.StreamMessage.FromString(request)
+        session = self.sessions.producer(message.msg_id.producer_id)
+        if session is None:  # not created here: pass it on as it is
+            header, _ = self._metadata(context)
+            topic = None if header else message.msg_id.topic_name
+            return await self._unary(_SEND, request, context, topic=topic)
+        _, metadata = self._metadata(context)
+        size = len(message.payload)
+        deadline: float | None = None
+        try:
+            while True:
+                generation = session.generation
+                message.msg_id.producer_id = session.broker_id
+                try:
+                    return bytes(
+                        await self.links.unary(session.url, _SEND)(
+                            message.SerializeToString(),
+                            metadata=metadata,
+                            timeout=self.settings.forward_timeout_seconds,
+                        )
+                    )
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() is not grpc.StatusCode.UNAVAILABLE:
+                        raise _Abort(exc.code(), exc.details() or exc.code().name) from None
+                # The owner no longer takes it (sealing, moved, dead): hold it until the
+                # producer exists on the new owner.
+                if deadline is None:
+                    if not self.held.take(size):
+                        self._count("SendMessage:held_full")
+                        raise _Abort(
+                            grpc.StatusCode.UNAVAILABLE,
+                            f"topic {session.topic} is moving and the gateway holds "
+                            f"{self.held.count} sends ({self.held.bytes} bytes) already; retry",
+                        )
+                    self._count("SendMessage:held")
+                    deadline = asyncio.get_running_loop().time() + (
+                        self.settings.lookup_wait_seconds
+                    )
+                await self._recreate(session, _CREATE_PRODUCER, generation, metadata, deadline)
+        except _Abort as exc:
+            self._count(f"SendMessage:{exc.code.name}")
+            await context.abort(exc.code, exc.message)
+            raise AssertionError("unreachable") from None
+        finally:
+            if deadline is not None:
+                self.held.give_back(size)
 
     # -- consumers -------------------------------------------------------------------------
 
     async def _subscribe(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        topic = pb.ConsumerRequest.FromString(request).topic_name
+        parsed = pb.ConsumerRequest.FromString(request)
         try:
-            reply, route = await self._forward(_SUBSCRIBE, request, context, topic=topic)
+            reply, route = await self._forward(
+                _SUBSCRIBE, request, context, topic=parsed.topic_name
+            )
         except _Abort as exc:
             self._count(f"Subscribe:{exc.code.name}")
             await context.abort(exc.code, exc.message)
-        consumer = pb.ConsumerResponse.FromString(reply).consumer_id
-        self.consumer_routes[consumer] = route.url
-        self.consumer_routes.move_to_end(consumer)
-        while len(self.consumer_routes) > _CACHE_IDS:
-            self.consumer_routes.popitem(last=False)
-        return reply
+        answer = pb.ConsumerResponse.FromString(reply)
+        answer.consumer_id = self.sessions.add_consumer(
+            parsed.topic_name, parsed.subscription, request, route.url, answer.consumer_id
+        )
+        return bytes(answer.SerializeToString())
 
     async def _receive(
         self, request: bytes, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
+        parsed = pb.ReceiveRequest.FromString(request)
+        session = self.sessions.consumer(parsed.consumer_id)
+        stream = (
+            self._receive_passed(request, parsed.consumer_id, context)
+            if session is None
+            else self._receive_carried(session, parsed.request_id, context)
+        )
+        async for item in stream:
+            yield item
+
+    async def _receive_carried(
+        self, session: ConsumerSession, request_id: int, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        """The session's stream, continued from each new owner of its topic."""
+        _, metadata = self._metadata(context)
+        session.receiver += 1
+        mine = session.receiver
+        replaying = False  # just re-subscribed: drop what the client acknowledged already
+        while session.receiver == mine:
+            generation, url = session.generation, session.url
+            receive = pb.ReceiveRequest(request_id=request_id, consumer_id=session.broker_id)
+            call = self.links.channel(url).unary_stream(_RECEIVE)(
+                receive.SerializeToString(), metadata=metadata
+            )
+            queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=64)
+            failure: list[grpc.aio.AioRpcError] = []
+            pump = asyncio.create_task(_pump(call, queue, failure))
+            watch = asyncio.create_task(self._until_moved(session.topic, url, call))
+            try:
+                while (item := await queue.get()) is not None:
+                    if replaying:
+                        replaying, duplicate = self._replayed(session, item)
+                        if duplicate:
+                            continue
+                    yield item
+            finally:
+                call.cancel()
+                await cancel_and_wait(pump)
+                await cancel_and_wait(watch)
+            if session.receiver != mine:
+                return  # the client opened a newer stream
+            if failure and failure[0].code() in _REFUSALS:
+                # The broker refused the client itself: re-subscribing cannot help.
+                await context.abort(failure[0].code(), failure[0].details() or "")
+            self._count("ReceiveMessages:carried")
+            deadline = asyncio.get_running_loop().time() + self.settings.lookup_wait_seconds
+            try:
+                await self._recreate(session, _SUBSCRIBE, generation, metadata, deadline)
+            except _Abort as exc:
+                await context.abort(exc.code, exc.message)
+            replaying = bool(session.acked)
+
+    def _replayed(self, session: ConsumerSession, item: bytes) -> tuple[bool, bool]:
+        """(still replaying, drop this one): a redelivery of an acknowledged message is
+        acknowledged on the new owner and not passed on."""
+        msg_id = pb.StreamMessage.FromString(item).msg_id
+        if not session.already_acked(msg_id.topic_offset):
+            return msg_id.topic_offset < session.max_acked, False
+        ack = pb.AckRequest(msg_id=msg_id, subscription_name=session.subscription)
+        task = asyncio.create_task(self._reack(session.url, ack.SerializeToString()))
+        self._reacks.add(task)
+        task.add_done_callback(self._reacks.discard)
+        self._count("ReceiveMessages:acked_dropped")
+        return True, True
+
+    async def _reack(self, url: str, request: bytes) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await self.links.unary(url, _ACK)(
+                request, timeout=self.settings.forward_timeout_seconds
+            )
+
+    async def _until_moved(self, topic: str, url: str, call: Any) -> None:
+        """End the stream from `url` once another broker owns the topic."""
+        while True:
+            owner = self.table.owner(topic)
+            if owner is not None and owner.url != url:
+                call.cancel()
+                return
+            await self.table.changed(1.0)
+
+    async def _receive_passed(
+        self, request: bytes, consumer: int, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
         """Pass the stream through; if its broker is gone, hold it for the close handshake."""
-        consumer = pb.ReceiveRequest.FromString(request).consumer_id
         header, metadata = self._metadata(context)
-        route = self._route(header, None, consumer)
+        route = self._route(header, None, stream=True)
         closed = asyncio.Event()
         self._held.setdefault(consumer, set()).add(closed)
         call = None
@@ -580,7 +783,9 @@ class Gateway(Served, grpc.GenericRpcHandler):
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() is grpc.StatusCode.CANCELLED and closed.is_set():
                         return
-                    if not _connection_lost(exc):
+                    # NOT_FOUND: the broker does not know the id (another gateway's session,
+                    # whose gateway died): the close handshake sends the client to subscribe.
+                    if not _connection_lost(exc) and exc.code() is not grpc.StatusCode.NOT_FOUND:
                         await context.abort(exc.code(), exc.details() or exc.code().name)
             # The broker is gone: keep the stream open until the health check has told the
             # client to re-subscribe (CLOSE), then end it.
@@ -619,27 +824,59 @@ class Gateway(Served, grpc.GenericRpcHandler):
         reply_cls: Any,
         request_cls: Any,
     ) -> bytes:
-        """Ack/Nack: a gone broker answers OK (its messages are redelivered elsewhere)."""
-        header, _ = self._metadata(context)
+        """Ack/Nack go to the topic's owner; a gone one answers OK (its messages are
+        redelivered elsewhere; an acknowledged one is then dropped by its session)."""
+        header, metadata = self._metadata(context)
         parsed = request_cls.FromString(request)
-        topic = None if header else parsed.msg_id.topic_name
+        topic = parsed.msg_id.topic_name
+        if method == _ACK:
+            for session in self.sessions.subscribed(topic, parsed.subscription_name):
+                session.remember_ack(parsed.msg_id.topic_offset)
+        route = self.table.owner(topic) or self._route(header, topic)
         try:
-            reply, _ = await self._forward(method, request, context, topic=topic)
+            if route is None:
+                raise self._gone(route, header)
+            try:
+                return bytes(
+                    await self.links.unary(route.url, method)(
+                        request, metadata=metadata, timeout=self.settings.forward_timeout_seconds
+                    )
+                )
+            except grpc.aio.AioRpcError as exc:
+                raise _Abort(exc.code(), exc.details() or exc.code().name) from None
         except _Abort as exc:
             if exc.code is grpc.StatusCode.UNAVAILABLE:
                 self._count(f"{method.rsplit('/', 1)[-1]}:dropped")
                 return bytes(reply_cls(request_id=parsed.request_id).SerializeToString())
             await context.abort(exc.code, exc.message)
-        return reply
+            raise AssertionError("unreachable") from None
 
     # -- health ----------------------------------------------------------------------------
 
     async def _health(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """Forward; a gone broker answers CLOSE (the client then re-subscribes/recreates)."""
+        """A session is healthy while the gateway carries it; others are forwarded, and a
+        gone broker answers CLOSE (the client then re-subscribes/recreates)."""
         parsed = pb.HealthCheckRequest.FromString(request)
+        session: Any = None
+        if parsed.client == CLIENT_PRODUCER:
+            session = self.sessions.producer(parsed.id)
+        elif parsed.client == CLIENT_CONSUMER:
+            session = self.sessions.consumer(parsed.id)
+        if session is not None:
+            # The owner learns the client is alive; its CLOSE (the topic is leaving) ends
+            # the stream there, and the session moves on.
+            _, metadata = self._metadata(context)
+            parsed.id = session.broker_id
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await self.links.unary(session.url, _HEALTH)(
+                    parsed.SerializeToString(),
+                    metadata=metadata,
+                    timeout=self.settings.forward_timeout_seconds,
+                )
+            return bytes(pb.HealthCheckResponse(status=HEALTH_OK).SerializeToString())
         consumer = parsed.id if parsed.client == CLIENT_CONSUMER else None
         try:
-            reply, _ = await self._forward(_HEALTH, request, context, consumer=consumer)
+            reply, _ = await self._forward(_HEALTH, request, context, stream=consumer is not None)
         except _Abort as exc:
             if exc.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED):
                 await context.abort(exc.code, exc.message)
@@ -648,6 +885,20 @@ class Gateway(Served, grpc.GenericRpcHandler):
         if consumer is not None and pb.HealthCheckResponse.FromString(reply).status == HEALTH_CLOSE:
             self._close_sent(consumer)
         return bytes(reply)
+
+
+async def _pump(
+    call: Any, queue: asyncio.Queue[bytes | None], failure: list[grpc.aio.AioRpcError]
+) -> None:
+    """Move a broker stream's messages into `queue`; None when it ends (the failure kept)."""
+    try:
+        async for item in call:
+            await queue.put(item)
+    except grpc.aio.AioRpcError as exc:
+        failure.append(exc)
+    finally:
+        with contextlib.suppress(asyncio.QueueFull):
+            queue.put_nowait(None)
 
 
 async def serve_gateway(

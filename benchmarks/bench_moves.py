@@ -1,0 +1,188 @@
+"""Moves and failovers through a gateway: what the clients notice (issue 20).
+
+Real `danube-client` producers and Exclusive consumers (`LiveTraffic`) on `--topics` live
+reliable topics, connected through a gateway, while the cluster
+
+- moves the topics `--moves` times (admin unload; the leader places each on another
+  broker): per move, the longest pause the moved topic's producer and consumer saw;
+- loses an owner `--kills` times (SIGKILL; registration TTL `--ttl` s; a fresh broker
+  replaces it): per topic it owned, the time from its reassignment until its producer
+  and consumer both flow again;
+
+then checks nothing acknowledged was lost and counts duplicate deliveries. Last, the
+gateway's cost: 8 producers (1 KiB, non-reliable) directly to the broker and through the
+gateway, msg/s. Goals: move pauses p99 ≤ 0.1 s, flowing ≤ 0.5 s after reassignment,
+≤ 5 duplicates per 1 000, 0 lost, gateway overhead ≤ 25 %.
+
+Everything runs on this machine (etcd, broker and gateway processes, the clients in this
+process). Prints one JSON object; the default run takes about two minutes.
+
+    .venv/bin/python benchmarks/bench_moves.py [--moves 20] [--kills 3] [--ttl 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ballast.cluster import AdminClient
+from ballast.cluster.traffic import LiveTraffic
+from ballast.metadata.etcd import EtcdStore
+from benchmarks.bench_failover import overhead, pct, spread
+from tests.etcd_fixtures import EtcdServer
+from tests.server.procs import Processes, write_config
+
+
+async def _until(check: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def moves_and_kills(
+    store: EtcdStore, etcd_url: str, work: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    config = write_config(
+        work / "moves.yaml",
+        work / "data-moves",
+        broker={"registration_ttl_seconds": args.ttl, "leader_ttl_seconds": args.ttl},
+        gateway={"lookup_wait_seconds": args.ttl + 30},
+    )
+    procs = Processes(etcd_url, config, store)
+    admin = AdminClient(store)
+    names = [f"/default/mv-{i}" for i in range(args.topics)]
+    traffic: LiveTraffic | None = None
+    try:
+        await procs.start_broker("leader")  # started first: it leads
+        for n in range(2):
+            await procs.start_broker(f"w{n}")
+        for i, name in enumerate(names):
+            await admin.create_topic(name, hint=f"w{i % 2}", meta={"dispatch_strategy": "reliable"})
+        gateway = await procs.start_gateway()
+        traffic = LiveTraffic(gateway, names, rate=args.rate)
+        await traffic.start()
+        await asyncio.sleep(2.0)
+        live = traffic
+        assert all(t.delivered for t in live.topics.values()), "traffic did not start"
+
+        async def owner(topic: str) -> str | None:
+            return (await admin.view()).owner(topic)
+
+        producer_pauses: list[float] = []
+        consumer_pauses: list[float] = []
+        for move in range(args.moves):
+            topic = names[move % len(names)]
+            state = live.topics[topic]
+            source = await owner(topic)
+            live.reset_pauses()
+            await asyncio.sleep(0.3)
+            await admin.unload_topic(topic)
+
+            async def moved(topic: str = topic, source: str | None = source) -> bool:
+                return await owner(topic) not in (None, source)
+
+            await _until(moved, 30, f"{topic} to move")
+            await asyncio.sleep(1.0)  # flowing from the new owner
+            producer_pauses.append(state.producer_pause)
+            consumer_pauses.append(state.consumer_pause)
+
+        flowing: list[float] = []
+        for kill in range(args.kills):
+            view = await admin.view()
+            # The owner of some topic, the leader only if it owns them all (the moves
+            # spread them over every broker).
+            owners = [view.owner(t) for t in names]
+            victim = next((b for b in owners if b not in (None, "leader")), owners[0])
+            assert victim is not None, "a topic without an owner"
+            owned = [t for t in names if view.owner(t) == victim]
+            await procs.start_broker(f"r{kill}")  # the heir-to-be (keeps two workers)
+            killed = time.monotonic()
+            await procs.kill(victim)
+            reassigned: dict[str, float] = {}
+            back: dict[str, float] = {}
+            deadline = killed + args.ttl + 60
+            while len(back) < len(owned) and time.monotonic() < deadline:
+                now = time.monotonic()
+                view = await admin.view()
+                for t in owned:
+                    if t not in reassigned and view.owner(t) not in (None, victim):
+                        reassigned[t] = now
+                    state = live.topics[t]
+                    if t in reassigned and t not in back:
+                        acked = [w for w in state.acked.values() if w > killed]
+                        if acked and (state.last_delivery or 0) > killed:
+                            back[t] = max(min(acked), state.last_delivery or now)
+                await asyncio.sleep(0.02)
+            flowing.extend(max(0.0, back[t] - reassigned[t]) for t in back)
+            await asyncio.sleep(1.0)
+        await traffic.stop_producing(settle=60)
+        verdict = await traffic.verdict(store)
+        produced = max(1, verdict.produced)
+        return {
+            "topics": args.topics,
+            "rate_per_topic": args.rate,
+            "moves": args.moves,
+            "kills": args.kills,
+            "registration_ttl_seconds": args.ttl,
+            "move_producer_pause_s": spread(producer_pauses),
+            "move_consumer_pause_s": spread(consumer_pauses),
+            "failover_flowing_after_reassignment_s": spread(flowing),
+            "move_producer_pause_p99_s": round(pct(producer_pauses, 0.99), 3),
+            "move_consumer_pause_p99_s": round(pct(consumer_pauses, 0.99), 3),
+            "failover_flowing_after_reassignment_p99_s": round(pct(flowing, 0.99), 3),
+            "duplicates_per_1000": round(1000 * verdict.duplicates / produced, 2),
+            "lost": verdict.lost,
+            "traffic": verdict.to_dict(),
+        }
+    finally:
+        if traffic is not None:
+            await traffic.close()
+        await procs.close()
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    logging.getLogger("danube").setLevel(logging.ERROR)
+    result: dict[str, Any] = {"cpus": os.cpu_count(), "loadavg_1m": os.getloadavg()[0]}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        # Each part on its own etcd: a broker of the second must not meet the first's.
+        with EtcdServer() as server:
+            async with EtcdStore(server.client_url) as store:
+                moved = await moves_and_kills(store, server.client_url, work, args)
+        with EtcdServer() as server:
+            async with EtcdStore(server.client_url) as store:
+                cost = await overhead(store, server.client_url, work, 8, args.duration)
+    result.update(
+        {k: v for k, v in moved.items() if k.endswith(("_p99_s", "_1000")) or k == "lost"}
+    )
+    result["gateway_overhead_percent"] = cost["overhead_msg_per_s_percent"]
+    result["details"] = {"moves_and_kills": moved, "gateway_overhead": cost}
+    result["loadavg_1m_after"] = os.getloadavg()[0]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--topics", type=int, default=4, help="live reliable topics")
+    parser.add_argument("--rate", type=float, default=50.0, help="msg/s per topic")
+    parser.add_argument("--moves", type=int, default=20)
+    parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--ttl", type=float, default=5.0, help="registration TTL (s)")
+    parser.add_argument("--duration", type=float, default=5.0, help="overhead run (s)")
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(main_async(args)), indent=2))
+
+
+if __name__ == "__main__":
+    main()
