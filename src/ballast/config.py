@@ -324,6 +324,10 @@ class AuthSettings(_Strict):
     public_key_file: str | None = None
     private_key_file: str | None = None
     issuer: str = "ballast"
+    # The token brokers present to each other (relay, dead letters). Without it a broker
+    # signs its own with the key above; a broker that only verifies (RS256 with
+    # public_key_file alone) needs one with admin on "*".
+    cluster_token_file: str | None = None
 
     @model_validator(mode="after")
     def _keys_given(self) -> AuthSettings:

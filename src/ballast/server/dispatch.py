@@ -36,6 +36,7 @@ from typing import Any
 
 import grpc
 
+from ballast.server.auth import Binding
 from ballast.server.errors import RpcFailure
 
 __all__ = [
@@ -101,6 +102,7 @@ class ConsumerHandle:
     # Relayed messages sent most recently, with when (the client may drop one at CLOSE).
     recent: deque[tuple[float, Delivery]] = field(default_factory=lambda: deque(maxlen=256))
     last_seen: float = 0.0
+    owner: Binding | None = None  # who may use the id (see `auth.Binding`)
 
     @property
     def connected(self) -> bool:

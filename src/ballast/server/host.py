@@ -26,6 +26,7 @@ from ballast.clock import Clock
 from ballast.config import BallastConfig
 from ballast.metadata import MetadataStore
 from ballast.model import TopicLoad, TopicName, UnassignedMarker
+from ballast.server.cluster_calls import ClusterDialer
 from ballast.server.directory import Directory
 from ballast.server.dispatch import ConsumerHandle, drain
 from ballast.server.metrics import DataPlaneMetrics
@@ -98,6 +99,7 @@ class DataPlaneHost:
         self.counters = metrics if metrics is not None else DataPlaneMetrics()
         self.counters.registry.register(StorageCollector(self.stats))
         self.directory = Directory(store, clock)
+        self.dialer = ClusterDialer(config)  # the relay's and dead letters' calls
         self.topics: dict[str, ServedTopic] = {}
         self.producers: dict[int, ProducerEntry] = {}
         self.consumers: dict[int, ConsumerHandle] = {}
@@ -270,6 +272,7 @@ class DataPlaneHost:
                         self.directory,
                         self.broker_id,
                         self.settings.close_handshake_seconds,
+                        self.dialer,
                     )
                     self._relays[consumer.id] = relay
                     relay.start()

@@ -9,6 +9,7 @@ accepting calls and gives open streams a short grace period.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 
 import grpc
@@ -29,6 +30,14 @@ log = logging.getLogger(__name__)
 # INVALID_ARGUMENT from the handler instead of gRPC's RESOURCE_EXHAUSTED (which the
 # client retries for ever).
 MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine only (``localhost``, 127.0.0.0/8, ``::1``)."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def split_url(url: str) -> tuple[str, int]:
@@ -97,6 +106,13 @@ class DataPlaneServer(Served):
             self.host.sweep_forever(), name=f"dataplane/{self.host.broker_id}/sweep"
         )
         log.info("%s: data plane serving on %s", self.host.broker_id, self.url)
+        if self.config.auth.mode == "none" and not is_loopback(self.bind_host):
+            log.warning(
+                "%s: data plane on %s accepts every request WITHOUT AUTHENTICATION "
+                "(auth.mode: none) on a non-loopback address; set auth.mode: jwt and tls",
+                self.host.broker_id,
+                self.url,
+            )
         return self.url
 
     async def stop(self) -> None:

@@ -29,6 +29,7 @@ import grpc
 from ballast.config import BallastConfig
 from ballast.metadata import keys
 from ballast.model import InvalidTopicName, TopicName
+from ballast.server.auth import AuthError, Binding, Permission, bind, check_bound
 from ballast.server.directory import Owner, partition_index
 from ballast.server.errors import RpcFailure, bad_input, not_served
 from ballast.server.host import DISPATCH_KEY, NON_RELIABLE, RELIABLE, DataPlaneHost
@@ -68,6 +69,18 @@ def _topic(value: str, what: str = "topic") -> TopicName:
         return TopicName.parse(value)
     except InvalidTopicName as exc:
         raise bad_input(f"{what}: {exc}", "bad_topic") from None
+
+
+def _owned(binding: Binding | None, needed: tuple[Permission, ...], what: str) -> None:
+    """PERMISSION_DENIED unless the caller owns the id (ids are no bearer credentials)."""
+    try:
+        check_bound(binding, needed, what)
+    except AuthError as exc:
+        raise RpcFailure(exc.code, exc.message, "not_owner") from None
+
+
+_PRODUCE = (Permission.PRODUCE,)
+_CONSUME = (Permission.CONSUME,)
 
 
 class DataPlaneService(
@@ -165,6 +178,7 @@ class DataPlaneService(
         if request.HasField("schema_ref"):
             await producer_schema_check(self.schemas, topic, request.schema_ref)
         entry = served.add_producer(request.producer_name, self.host.clock.now())
+        entry.owner = bind(topic.namespace)  # a reconnect by name takes the id over
         self.host.add_producer(entry)
         return pb.ProducerResponse(
             request_id=request.request_id, producer_id=entry.id, producer_name=entry.name
@@ -238,6 +252,7 @@ class DataPlaneService(
                 f"not to {msg_id.topic_name!r}",
                 "producer_topic_mismatch",
             )
+        _owned(entry.owner, _PRODUCE, f"producer {msg_id.producer_id}")
         size = len(request.payload)
         limit = self.settings.max_payload_bytes
         if size > limit:
@@ -282,6 +297,7 @@ class DataPlaneService(
             tuple(request.key_filters),
             self.host.clock.now(),
         )
+        handle.owner = bind(topic.namespace)  # a reconnect by name takes the stream over
         self.host.add_consumer(handle)
         await self.nacks.restore_holds(served, request.subscription)
         return pb.ConsumerResponse(
@@ -300,6 +316,12 @@ class DataPlaneService(
                 grpc.StatusCode.NOT_FOUND,
                 f"consumer {request.consumer_id} is not registered on this broker",
             )
+            return
+        try:
+            check_bound(handle.owner, _CONSUME, f"consumer {request.consumer_id}")
+        except AuthError as exc:
+            self.host.counters.reject("ReceiveMessages", "not_owner")
+            await context.abort(exc.code, exc.message)
             return
         queue = handle.attach()
         handle.last_seen = self.host.clock.now()
@@ -352,12 +374,14 @@ class DataPlaneService(
             entry = self.host.producers.get(request.id)
             if entry is None:
                 return pb.HealthCheckResponse(status=HEALTH_CLOSE)
+            _owned(entry.owner, _PRODUCE, f"producer {request.id}")
             entry.last_seen = now
             return pb.HealthCheckResponse(status=HEALTH_OK)
         if request.client == CLIENT_CONSUMER:
             handle = self.host.consumers.get(request.id)
             if handle is None:
                 return pb.HealthCheckResponse(status=HEALTH_CLOSE)
+            _owned(handle.owner, _CONSUME, f"consumer {request.id}")
             if handle.closing:
                 self.host.on_close_sent(handle)
                 return pb.HealthCheckResponse(status=HEALTH_CLOSE)

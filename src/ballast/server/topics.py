@@ -22,6 +22,7 @@ from typing import Any
 
 from ballast.aio import cancel_and_wait
 from ballast.model import TopicLoad
+from ballast.server.auth import Binding
 from ballast.server.dispatch import ConsumerHandle, Delivery, SubscriptionDispatcher, new_id
 from ballast.server.errors import not_served
 from ballast.server.protocol import pb
@@ -71,6 +72,7 @@ class ProducerEntry:
     name: str
     topic: ServedTopic
     last_seen: float
+    owner: Binding | None = None  # who may use the id (see `auth.Binding`)
 
 
 class ServedTopic(abc.ABC):

@@ -1,0 +1,147 @@
+"""Heavy and hostile clients against a real broker on a real etcd: each attack gets a clear
+error, the others lose nothing, the broker keeps serving and the refusal is counted.
+
+The real `danube-client` plays the victims; raw gRPC plays the attacker where the client
+cannot express the attack (another principal's ids, hand-made requests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from ballast.config import AuthSettings
+from ballast.metadata.etcd import EtcdStore
+from ballast.server.auth import Permission, TokenAuthority
+from ballast.server.cluster_calls import ClusterDialer
+from ballast.server.protocol import CLIENT_CONSUMER, CLIENT_PRODUCER, pb, pb_grpc
+from tests.server.certs import Pki, make_pki
+from tests.server.helpers import DataBroker, DataCluster, DispatchStrategy, SubType
+from tests.server.test_security import SECRET, client, secured_config
+
+pytestmark = pytest.mark.timeout(90)
+
+BOTH = [Permission.PRODUCE, Permission.CONSUME]
+
+
+def token(subject: str, perms: dict[str, list[Permission]]) -> str:
+    authority = TokenAuthority(AuthSettings(mode="jwt", secret=SECRET))
+    return authority.issue(subject, perms, ttl_seconds=600)
+
+
+@pytest.fixture
+async def secured_broker(
+    etcd_store: EtcdStore, tmp_path: Path
+) -> AsyncIterator[tuple[DataBroker, Pki]]:
+    pki = make_pki(tmp_path / "pki")
+    config = secured_config(tmp_path / "data", pki)
+    async with DataCluster(etcd_store, config) as cluster:
+        broker = await cluster.start_broker("h1")
+        await broker.host.directory.ensure_namespace("other")
+        yield broker, pki
+
+
+def raw_channel(url: str, pki: Pki) -> grpc.aio.Channel:
+    return grpc.aio.secure_channel(url, grpc.ssl_channel_credentials(pki.ca.read_bytes()))
+
+
+def bearer(jwt: str) -> tuple[tuple[str, str]]:
+    return (("authorization", f"Bearer {jwt}"),)
+
+
+async def test_ids_are_bound_to_their_principal_across_namespaces(
+    secured_broker: tuple[DataBroker, Pki],
+) -> None:
+    broker, pki = secured_broker
+    victim = await client(broker.url, pki, token("alice", {"default": BOTH}))
+    producer = (
+        victim.new_producer().with_topic("/default/secret").with_name("p")
+        .with_dispatch_strategy(DispatchStrategy.RELIABLE).build()
+    )  # fmt: skip
+    await producer.create()
+    consumer = (
+        victim.new_consumer().with_topic("/default/secret").with_consumer_name("c")
+        .with_subscription("s").with_subscription_type(SubType.EXCLUSIVE).build()
+    )  # fmt: skip
+    await consumer.subscribe()
+    queue = await consumer.receive()
+    host = broker.host
+    consumer_id = next(iter(host.consumers))
+    producer_id = next(iter(host.producers))
+
+    # Mallory holds a valid token, for another namespace only.
+    mallory = bearer(token("mallory", {"other": BOTH}))
+    counters = host.counters
+    async with raw_channel(broker.url, pki) as channel:
+        consumers = pb_grpc.ConsumerServiceStub(channel)
+        stream = consumers.ReceiveMessages(
+            pb.ReceiveRequest(request_id=1, consumer_id=consumer_id), metadata=mallory
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as taken:
+            async for _ in stream:
+                pass
+        assert taken.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert "another principal" in (taken.value.details() or "")
+        health = pb_grpc.HealthCheckStub(channel)
+        for kind, ident in ((CLIENT_CONSUMER, consumer_id), (CLIENT_PRODUCER, producer_id)):
+            with pytest.raises(grpc.aio.AioRpcError) as probed:
+                await health.HealthCheck(
+                    pb.HealthCheckRequest(request_id=2, client=kind, id=ident), metadata=mallory
+                )
+            assert probed.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        # Same namespace, another principal: a producer id is no bearer credential either.
+        eve = bearer(token("eve", {"default": BOTH}))
+        producers = pb_grpc.ProducerServiceStub(channel)
+        forged = pb.StreamMessage(
+            request_id=3,
+            msg_id=pb.MsgID(producer_id=producer_id, topic_name="/default/secret"),
+            payload=b"forged",
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as sent:
+            await producers.SendMessage(forged, metadata=eve)
+        assert sent.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    assert counters.rejected_count("ReceiveMessages", "not_owner") == 1
+    assert counters.rejected_count("HealthCheck", "not_owner") == 2
+    assert counters.rejected_count("SendMessage", "not_owner") == 1
+
+    # The victim's stream was never taken over and nothing forged was stored.
+    await producer.send(b"real")
+    message = await asyncio.wait_for(queue.get(), 15)
+    assert bytes(message.payload) == b"real"
+    await consumer.ack(message)
+    assert host.topics["/default/secret"].msgs_in == 1
+
+
+async def test_brokers_call_each_other_with_the_clusters_tls_and_token(
+    secured_broker: tuple[DataBroker, Pki],
+) -> None:
+    """What the relay and the dead-letter producer use: TLS and a cluster token."""
+    broker, _ = secured_broker
+    dialer = ClusterDialer(broker.host.config)
+    async with dialer.channel(broker.url) as channel:
+        stub = pb_grpc.ProducerServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as anonymous:
+            await stub.CreateProducer(_producer_request("/other/relay"), timeout=5)
+        assert anonymous.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        reply: Any = None
+        for _ in range(100):  # the topic is created on first use, then placed
+            try:
+                reply = await stub.CreateProducer(
+                    _producer_request("/other/relay"), timeout=5, metadata=dialer.metadata()
+                )
+                break
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() is grpc.StatusCode.UNAVAILABLE, exc.details()
+                await asyncio.sleep(0.1)
+        assert reply is not None and reply.producer_id
+
+
+def _producer_request(topic: str) -> Any:
+    return pb.ProducerRequest(
+        request_id=1, producer_name="cluster", topic_name=topic, dispatch_strategy=pb.Reliable
+    )
