@@ -251,8 +251,15 @@ class DataPlaneConfig(_Strict):
     """`data_plane`: the client-facing gRPC services a broker serves on `broker.broker_url`."""
 
     enabled: bool = True
-    # Below the client's 4 MiB receive limit, with room for the delivered message's fields.
-    max_payload_bytes: int = Field(4 * MiB - 64 * 1024, gt=0, le=4 * MiB - 1024)
+    # Payload + attributes + routing key of one message. Below the client's 4 MiB receive
+    # limit, with room for the delivered message's other fields: all that is stored is
+    # deliverable (see `server.limits`).
+    max_message_bytes: int = Field(4 * MiB - 64 * 1024, gt=0, le=4 * MiB - 64 * 1024)
+    # gRPC refuses larger requests (RESOURCE_EXHAUSTED) before parsing them; between
+    # `max_message_bytes` and this, the answer is a clear INVALID_ARGUMENT.
+    max_request_bytes: int = Field(8 * MiB, ge=4 * MiB, le=64 * MiB)
+    # Calls in progress at once (open consumer streams included); more: RESOURCE_EXHAUSTED.
+    max_concurrent_rpcs: int = Field(10_000, gt=0)
     unacked_window: int = Field(1000, gt=0)  # delivered, not yet acked, per consumer
     lookup_wait_seconds: float = Field(3.0, ge=0)  # a lookup waits this long for an owner
     close_handshake_seconds: float = Field(6.0, gt=0)  # a moving consumer's stream lives on

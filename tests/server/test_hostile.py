@@ -21,7 +21,14 @@ from ballast.server.auth import Permission, TokenAuthority
 from ballast.server.cluster_calls import ClusterDialer
 from ballast.server.protocol import CLIENT_CONSUMER, CLIENT_PRODUCER, pb, pb_grpc
 from tests.server.certs import Pki, make_pki
-from tests.server.helpers import DataBroker, DataCluster, DispatchStrategy, SubType
+from tests.server.helpers import (
+    DataBroker,
+    DataCluster,
+    DispatchStrategy,
+    SubType,
+    data_config,
+    new_client,
+)
 from tests.server.test_security import SECRET, client, secured_config
 
 pytestmark = pytest.mark.timeout(90)
@@ -145,3 +152,72 @@ def _producer_request(topic: str) -> Any:
     return pb.ProducerRequest(
         request_id=1, producer_name="cluster", topic_name=topic, dispatch_strategy=pb.Reliable
     )
+
+
+@pytest.fixture
+async def small_broker(etcd_store: EtcdStore, tmp_path: Path) -> AsyncIterator[DataBroker]:
+    """An open broker with small limits (a 64 KiB message, 4 MiB requests)."""
+    limits = {"max_message_bytes": 64 * 1024, "max_request_bytes": 4 * 1024 * 1024}
+    async with DataCluster(etcd_store, data_config(tmp_path, data_plane=limits)) as cluster:
+        yield await cluster.start_broker("h2")
+
+
+async def test_oversized_messages_are_refused_whole_and_nothing_is_stored(
+    small_broker: DataBroker,
+) -> None:
+    broker = small_broker
+    c = await new_client(broker.url)
+    producer = (
+        c.new_producer().with_topic("/default/big").with_name("p")
+        .with_dispatch_strategy(DispatchStrategy.RELIABLE).build()
+    )  # fmt: skip
+    await producer.create()
+    consumer = (
+        c.new_consumer().with_topic("/default/big").with_consumer_name("c")
+        .with_subscription("s").with_subscription_type(SubType.EXCLUSIVE).build()
+    )  # fmt: skip
+    await consumer.subscribe()
+    queue = await consumer.receive()
+    limit = broker.host.settings.max_message_bytes
+    # A small payload with attributes that fill the rest: the whole message counts.
+    with pytest.raises(grpc.aio.AioRpcError) as attrs:
+        await producer.send(b"tiny", attributes={"a": "x" * limit})
+    assert attrs.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    details = attrs.value.details() or ""
+    assert f"message of {limit + 5} bytes" in details and f"limit of {limit} bytes" in details
+    await producer.send(b"ok", attributes={"a": "b"})
+    message = await asyncio.wait_for(queue.get(), 15)
+    assert bytes(message.payload) == b"ok"  # the refused one was never stored
+    await consumer.ack(message)
+    assert broker.host.topics["/default/big"].msgs_in == 1
+    assert broker.host.counters.rejected_count("SendMessage", "message_too_large") == 1
+
+    async with grpc.aio.insecure_channel(broker.url) as channel:
+        # Over the request limit: gRPC refuses it before anything parses it.
+        send = channel.unary_unary("/danube.ProducerService/SendMessage")
+        with pytest.raises(grpc.aio.AioRpcError) as huge:
+            await send(b"\x0a" + b"\xff" * (5 * 1024 * 1024), timeout=10)
+        assert huge.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        # Malformed protobuf: refused, nothing stored.
+        with pytest.raises(grpc.aio.AioRpcError) as garbage:
+            await send(b"\xff\xff\xff\xff", timeout=10)
+        assert garbage.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "malformed request" in (garbage.value.details() or "")
+        # A name far over the limit.
+        stub = pb_grpc.ProducerServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as named:
+            await stub.CreateProducer(
+                pb.ProducerRequest(
+                    producer_name="n" * 10_000,
+                    topic_name="/default/big",
+                    dispatch_strategy=pb.Reliable,
+                )
+            )
+        assert named.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "producer_name" in (named.value.details() or "")
+    # The broker keeps serving.
+    await producer.send(b"after")
+    message = await asyncio.wait_for(queue.get(), 15)
+    assert bytes(message.payload) == b"after"
+    assert broker.host.topics["/default/big"].msgs_in == 2
+    assert broker.host.counters.rejected_count("SendMessage", "malformed_request") == 1

@@ -33,6 +33,7 @@ from ballast.server.auth import AuthError, Binding, Permission, bind, check_boun
 from ballast.server.directory import Owner, partition_index
 from ballast.server.errors import RpcFailure, bad_input, not_served
 from ballast.server.host import DISPATCH_KEY, NON_RELIABLE, RELIABLE, DataPlaneHost
+from ballast.server.limits import check_message, check_name
 from ballast.server.nack import NackHandler
 from ballast.server.protocol import (
     CLIENT_CONSUMER,
@@ -161,8 +162,7 @@ class DataPlaneService(
     @rpc("CreateProducer")
     async def CreateProducer(self, request: Any, context: Any) -> Any:
         topic = _topic(request.topic_name)
-        if not request.producer_name:
-            raise bad_input("producer_name: must not be empty", "bad_producer_name")
+        check_name(request.producer_name, "producer_name")
         strategy = _STRATEGY.get(request.dispatch_strategy)
         if strategy is None:
             raise bad_input(
@@ -253,14 +253,7 @@ class DataPlaneService(
                 "producer_topic_mismatch",
             )
         _owned(entry.owner, _PRODUCE, f"producer {msg_id.producer_id}")
-        size = len(request.payload)
-        limit = self.settings.max_payload_bytes
-        if size > limit:
-            raise bad_input(
-                f"payload of {size} bytes exceeds the limit of {limit} bytes "
-                "(data_plane.max_payload_bytes)",
-                "payload_too_large",
-            )
+        size = check_message(request, self.settings.max_message_bytes)
         entry.last_seen = self.host.clock.now()
         await send_check(self.schemas, entry.topic.name, request, self.host.counters)
         await entry.topic.publish(request)
@@ -284,8 +277,7 @@ class DataPlaneService(
                 "(0 = Exclusive, 1 = Shared, 2 = Failover, 3 = KeyShared)",
                 "bad_subscription_type",
             )
-        if not request.consumer_name:
-            raise bad_input("consumer_name: must not be empty", "bad_consumer_name")
+        check_name(request.consumer_name, "consumer_name")
         served = self.host.topics.get(str(topic))
         if served is None or not served.accepting:
             await self._not_here(topic, None, create=False)
