@@ -17,6 +17,7 @@ import pytest
 
 from ballast.config import AuthSettings
 from ballast.metadata.etcd import EtcdStore
+from ballast.server import dispatch
 from ballast.server.auth import Permission, TokenAuthority
 from ballast.server.cluster_calls import ClusterDialer
 from ballast.server.protocol import CLIENT_CONSUMER, CLIENT_PRODUCER, pb, pb_grpc
@@ -148,6 +149,11 @@ async def test_brokers_call_each_other_with_the_clusters_tls_and_token(
         assert reply is not None and reply.producer_id
 
 
+def ignored_acks(broker: DataBroker) -> float:
+    registry = broker.host.counters.registry
+    return registry.get_sample_value("ballast_dataplane_acks_ignored_total") or 0.0
+
+
 def _producer_request(topic: str) -> Any:
     return pb.ProducerRequest(
         request_id=1, producer_name="cluster", topic_name=topic, dispatch_strategy=pb.Reliable
@@ -221,3 +227,42 @@ async def test_oversized_messages_are_refused_whole_and_nothing_is_stored(
     assert bytes(message.payload) == b"after"
     assert broker.host.topics["/default/big"].msgs_in == 2
     assert broker.host.counters.rejected_count("SendMessage", "malformed_request") == 1
+
+
+async def test_acks_for_offsets_never_delivered_are_ignored_and_counted(
+    small_broker: DataBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No move here: the window for the previous owner's acks closes at once.
+    monkeypatch.setattr(dispatch, "MOVED_ACKS_SECONDS", 0.0)
+    broker = small_broker
+    c = await new_client(broker.url)
+    producer = (
+        c.new_producer().with_topic("/default/acks").with_name("p")
+        .with_dispatch_strategy(DispatchStrategy.RELIABLE).build()
+    )  # fmt: skip
+    await producer.create()
+    consumer = (
+        c.new_consumer().with_topic("/default/acks").with_consumer_name("c")
+        .with_subscription("s").with_subscription_type(SubType.EXCLUSIVE).build()
+    )  # fmt: skip
+    await consumer.subscribe()
+    queue = await consumer.receive()
+    async with grpc.aio.insecure_channel(broker.url) as channel:
+        acks = pb_grpc.ConsumerServiceStub(channel)
+        for offset in (2, 3, 1000):  # an attacker acks what nobody has received yet
+            await acks.Ack(
+                pb.AckRequest(
+                    msg_id=pb.MsgID(topic_name="/default/acks", topic_offset=offset),
+                    subscription_name="s",
+                )
+            )
+    assert ignored_acks(broker) == 3
+    for i in range(5):
+        await producer.send(f"m{i}".encode())
+    got = []
+    for _ in range(5):
+        message = await asyncio.wait_for(queue.get(), 15)
+        got.append(bytes(message.payload))
+        await consumer.ack(message)
+    assert got == [b"m0", b"m1", b"m2", b"m3", b"m4"]  # nothing skipped
+    assert ignored_acks(broker) == 3  # real acks count as real

@@ -29,6 +29,7 @@ import heapq
 import itertools
 import logging
 import secrets
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -53,6 +54,9 @@ log = logging.getLogger(__name__)
 # After a takeover, messages the previous stream sent stay the consumer's this long (it
 # most likely has them and acks them) before they are redelivered.
 REDELIVERY_GRACE = 5.0
+# After a subscription opens here (a move), acks of what the previous owner delivered are
+# taken this long; later, an ack for an offset never delivered here is ignored.
+MOVED_ACKS_SECONDS = 10.0
 
 _FNV_OFFSET = 0xCBF29CE484222325
 _FNV_PRIME = 0x100000001B3
@@ -218,6 +222,8 @@ class SubscriptionDispatcher:
         self._pending: list[int] = []  # heap of offered offsets not yet acked
         self._acked: set[int] = set()  # acked offsets still in the heap (or not yet offered)
         self._holds: dict[int, float] = {}  # offset -> seconds to hold it when offered
+        self._delivered: set[int] = set()  # offsets given to a consumer, not yet acked
+        self._foreign_acks_until = time.monotonic() + MOVED_ACKS_SECONDS
 
     # -- consumers -----------------------------------------------------------------------
 
@@ -383,20 +389,31 @@ class SubscriptionDispatcher:
         if self.reliable:
             c.unacked[d.offset] = d
             self._owner[d.offset] = c
+            self._delivered.add(d.offset)
         c.queue.put_nowait(d)
         self.delivered += 1
         self.delivered_bytes += d.size
 
-    def ack(self, offset: int) -> None:
-        """Acknowledge one message (unknown and duplicate acks are fine)."""
+    def ack(self, offset: int) -> bool:
+        """Acknowledge one message; False when it was ignored as never delivered.
+
+        Duplicate acks are fine. An ack for an offset this subscription never delivered
+        is ignored (remembered, it would make the subscription skip that message later),
+        except during `MOVED_ACKS_SECONDS` after the subscription opened here: then the
+        acks of what the previous owner delivered arrive, maybe before we read it.
+        """
         if not self.reliable or offset <= self.cursor or offset in self._acked:
-            return
+            return True
+        if offset not in self._delivered and time.monotonic() > self._foreign_acks_until:
+            return False
+        self._delivered.discard(offset)
         owner = self._owner.pop(offset, None)
         if owner is not None:
             owner.unacked.pop(offset, None)
         self._acked.add(offset)
         self._advance()
         self.pump()
+        return True
 
     def unacked_message(self, offset: int) -> Any | None:
         """The wire message delivered at `offset` and not yet acked, if any."""

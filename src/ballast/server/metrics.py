@@ -50,6 +50,11 @@ class DataPlaneMetrics:
             "Messages moved to a dead-letter topic after their last allowed delivery",
             registry=r,
         )
+        self.acks_ignored = Counter(
+            "ballast_dataplane_acks_ignored",
+            "Acks for offsets never delivered to the subscription (ignored, not remembered)",
+            registry=r,
+        )
         self.producers = Gauge(
             "ballast_dataplane_producers", "Producers registered on this broker", registry=r
         )

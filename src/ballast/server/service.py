@@ -338,7 +338,9 @@ class DataPlaneService(
         msg_id = request.msg_id
         served = self.host.topics.get(msg_id.topic_name)
         if served is not None:
-            await served.ack(request.subscription_name, msg_id.topic_offset)
+            if not await served.ack(request.subscription_name, msg_id.topic_offset):
+                # Answered OK like any unknown ack; counted, never remembered.
+                self.host.counters.acks_ignored.inc()
         else:
             relay = self.host.relay_for(msg_id.topic_name, request.subscription_name)
             if relay is not None:

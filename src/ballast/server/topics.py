@@ -143,11 +143,10 @@ class ServedTopic(abc.ABC):
     async def _open_subscription(self, name: str, sub_type: str) -> SubscriptionDispatcher:
         """Create the dispatcher of a subscription (reliable: from its persisted cursor)."""
 
-    async def ack(self, subscription: str, offset: int) -> None:
-        """Acknowledge one message of `subscription` (unknown ones are fine)."""
+    async def ack(self, subscription: str, offset: int) -> bool:
+        """Acknowledge one message of `subscription`; False: ignored as never delivered."""
         dispatcher = self.subscriptions.get(subscription)
-        if dispatcher is not None:
-            dispatcher.ack(offset)
+        return dispatcher is None or dispatcher.ack(offset)
 
     def nack(self, subscription: str, offset: int, delay_seconds: float) -> None:
         """Redeliver one message of `subscription` after the delay."""
@@ -360,12 +359,14 @@ class ReliableServedTopic(ServedTopic):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, READ_RETRY_MAX_SECONDS)
 
-    async def ack(self, subscription: str, offset: int) -> None:
+    async def ack(self, subscription: str, offset: int) -> bool:
         dispatcher = self.subscriptions.get(subscription)
         if dispatcher is None:
-            return
-        dispatcher.ack(offset)
+            return True
+        if not dispatcher.ack(offset):
+            return False
         await self._persist(dispatcher)
+        return True
 
     async def _persist(self, dispatcher: SubscriptionDispatcher) -> None:
         if dispatcher.cursor > self._persisted.get(dispatcher.name, -1) and self.accepting:
