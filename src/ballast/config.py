@@ -261,6 +261,14 @@ class DataPlaneConfig(_Strict):
     # Calls in progress at once (open consumer streams included); more: RESOURCE_EXHAUSTED.
     max_concurrent_rpcs: int = Field(10_000, gt=0)
     unacked_window: int = Field(1000, gt=0)  # delivered, not yet acked, per consumer
+    # Bytes of messages held until stored (reliable: until in object storage), per topic
+    # and per broker; a send over either is refused with RESOURCE_EXHAUSTED (the client
+    # backs off and retries).
+    topic_budget_bytes: int = Field(64 * MiB, gt=0)
+    broker_budget_bytes: int = Field(512 * MiB, gt=0)
+    # Bytes read ahead for one subscription: a slow (non-reliable) subscription drops its
+    # oldest, a reliable one stops reading until its consumers catch up.
+    subscription_buffer_bytes: int = Field(16 * MiB, gt=0)
     lookup_wait_seconds: float = Field(3.0, ge=0)  # a lookup waits this long for an owner
     close_handshake_seconds: float = Field(6.0, gt=0)  # a moving consumer's stream lives on
     relay_moving_consumers: bool = True  # feed that stream from the new owner meanwhile

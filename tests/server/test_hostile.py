@@ -266,3 +266,114 @@ async def test_acks_for_offsets_never_delivered_are_ignored_and_counted(
         await consumer.ack(message)
     assert got == [b"m0", b"m1", b"m2", b"m3", b"m4"]  # nothing skipped
     assert ignored_acks(broker) == 3  # real acks count as real
+
+
+async def raw_producer(channel: grpc.aio.Channel, topic: str, strategy: Any) -> int:
+    """A producer id from raw CreateProducer (retried while the topic gets placed)."""
+    stub = pb_grpc.ProducerServiceStub(channel)
+    request = pb.ProducerRequest(
+        request_id=1, producer_name="raw", topic_name=topic, dispatch_strategy=strategy
+    )
+    for _ in range(100):
+        try:
+            reply = await stub.CreateProducer(request, timeout=5)
+            return int(reply.producer_id)
+        except grpc.aio.AioRpcError as exc:
+            assert exc.code() is grpc.StatusCode.UNAVAILABLE, exc.details()
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"{topic} was never placed")
+
+
+@pytest.fixture
+async def budget_broker(etcd_store: EtcdStore, tmp_path: Path) -> AsyncIterator[DataBroker]:
+    """Tiny budgets: 8 KiB held per topic, 64 KiB read ahead per subscription."""
+    limits = {"topic_budget_bytes": 8 * 1024, "subscription_buffer_bytes": 64 * 1024}
+    async with DataCluster(etcd_store, data_config(tmp_path, data_plane=limits)) as cluster:
+        yield await cluster.start_broker("h3")
+
+
+async def test_a_subscription_that_never_reads_costs_bounded_memory(
+    budget_broker: DataBroker,
+) -> None:
+    broker = budget_broker
+    topic = "/default/firehose"
+    c = await new_client(broker.url)
+    producer = c.new_producer().with_topic(topic).with_name("p").build()
+    await producer.create()
+    reader = (
+        c.new_consumer().with_topic(topic).with_consumer_name("r")
+        .with_subscription("reads").with_subscription_type(SubType.EXCLUSIVE).build()
+    )  # fmt: skip
+    await reader.subscribe()
+    queue = await reader.receive()
+    async with grpc.aio.insecure_channel(broker.url) as channel:
+        # Subscribes and never opens its stream.
+        await pb_grpc.ConsumerServiceStub(channel).Subscribe(
+            pb.ConsumerRequest(
+                topic_name=topic,
+                consumer_name="idle",
+                subscription="never",
+                subscription_type=0,
+            )
+        )
+    served = broker.host.topics[topic]
+    never = served.subscriptions["never"]
+    count, payload = 2000, b"x" * 1024
+    peak = 0
+    for _ in range(count):
+        await producer.send(payload)
+        peak = max(peak, never.buffered_bytes)
+    assert peak <= 64 * 1024
+    assert never.dropped >= count - 64
+    got = 0
+    while got < count:  # the reading subscription lost nothing and was never held back
+        await asyncio.wait_for(queue.get(), 15)
+        got += 1
+    registry = broker.host.counters.registry
+    assert registry.get_sample_value("ballast_dataplane_subscription_dropped") == never.dropped
+
+
+async def test_a_producer_flood_against_a_full_budget_gets_resource_exhausted(
+    budget_broker: DataBroker,
+) -> None:
+    broker = budget_broker
+    topic = "/default/flood"
+    async with grpc.aio.insecure_channel(broker.url) as channel:
+        producer_id = await raw_producer(channel, topic, pb.Reliable)
+        stub = pb_grpc.ProducerServiceStub(channel)
+
+        async def send(i: int) -> grpc.StatusCode:
+            message = pb.StreamMessage(
+                request_id=i,
+                msg_id=pb.MsgID(producer_id=producer_id, topic_name=topic),
+                payload=b"f" * 1024,
+            )
+            try:
+                await stub.SendMessage(message, timeout=30)
+            except grpc.aio.AioRpcError as exc:
+                assert "topic_budget_bytes" in (exc.details() or "")
+                return exc.code()
+            return grpc.StatusCode.OK
+
+        codes = await asyncio.gather(*(send(i) for i in range(64)))
+    refused = codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED)
+    assert refused > 0 and refused + codes.count(grpc.StatusCode.OK) == 64
+    counters = broker.host.counters
+    assert counters.rejected_count("SendMessage", "topic_budget_full") == refused
+    # What was accepted is stored; a well-behaved client still gets through.
+    c = await new_client(broker.url)
+    consumer = (
+        c.new_consumer().with_topic(topic).with_consumer_name("c")
+        .with_subscription("s").with_subscription_type(SubType.EXCLUSIVE).build()
+    )  # fmt: skip
+    await consumer.subscribe()
+    queue = await consumer.receive()
+    producer = (
+        c.new_producer().with_topic(topic).with_name("p")
+        .with_dispatch_strategy(DispatchStrategy.RELIABLE).build()
+    )  # fmt: skip
+    await producer.create()
+    await producer.send(b"polite")
+    message = await asyncio.wait_for(queue.get(), 15)
+    assert bytes(message.payload) == b"polite"
+    assert broker.host.topics[topic].msgs_in == 64 - refused + 1

@@ -198,12 +198,15 @@ class SubscriptionDispatcher:
         reliable: bool,
         buffer: int,
         start_cursor: int = -1,
+        buffer_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self.name = name
         self.sub_type = sub_type
         self.window = window
         self.reliable = reliable
         self.buffer = buffer
+        self.buffer_bytes = buffer_bytes  # read ahead, waiting for a consumer, in bytes
+        self._fresh_bytes = 0
         self.consumers: dict[str, ConsumerHandle] = {}
         self._fresh: deque[Delivery] = deque()
         self._redeliver: deque[Delivery] = deque()
@@ -319,11 +322,17 @@ class SubscriptionDispatcher:
             if self._holds and d.offset in self._holds:
                 self._later(self._holds.pop(d.offset), d)
                 return
-        elif len(self._fresh) >= self.buffer:
-            self._fresh.popleft()
-            self.dropped += 1
+        else:
+            # A slow subscription drops its oldest: bounded memory, and the producers
+            # (and every other subscription) never wait for it.
+            while self._fresh and (
+                len(self._fresh) >= self.buffer or self._fresh_bytes + d.size > self.buffer_bytes
+            ):
+                self._fresh_bytes -= self._fresh.popleft().size
+                self.dropped += 1
         self._fresh.append(d)
-        if self.reliable and len(self._fresh) >= self.buffer:
+        self._fresh_bytes += d.size
+        if self.reliable and self._full():
             self._space.clear()
         self.pump()
 
@@ -352,17 +361,25 @@ class SubscriptionDispatcher:
             while source:
                 d = source[0]
                 if self.reliable and d.offset in self._acked:
-                    source.popleft()
+                    self._take(source)
                     continue
                 c = self._choose(d, candidates)
                 if c is None:
                     if self.sub_type == "key_shared":
                         self._pump_other_keys(source, candidates)
                     break
-                source.popleft()
+                self._take(source)
                 self._give(c, d)
-        if len(self._fresh) < self.buffer:
+        if not self._full():
             self._space.set()
+
+    def _full(self) -> bool:
+        return len(self._fresh) >= self.buffer or self._fresh_bytes >= self.buffer_bytes
+
+    def _take(self, source: deque[Delivery]) -> None:
+        d = source.popleft()
+        if source is self._fresh:
+            self._fresh_bytes -= d.size
 
     def _pump_other_keys(self, source: deque[Delivery], candidates: list[ConsumerHandle]) -> None:
         """KeyShared: a key whose consumer is full (or absent) holds back only that key.
@@ -383,6 +400,8 @@ class SubscriptionDispatcher:
                 self._give(c, d)
         source.clear()
         source.extend(kept)
+        if source is self._fresh:
+            self._fresh_bytes = sum(d.size for d in kept)
 
     def _give(self, c: ConsumerHandle, d: Delivery) -> None:
         assert c.queue is not None
@@ -430,6 +449,8 @@ class SubscriptionDispatcher:
             for d in source:
                 if d.offset == offset:
                     source.remove(d)
+                    if source is self._fresh:
+                        self._fresh_bytes -= d.size
                     self._later(delay_seconds, d)
                     return
         self._holds[offset] = delay_seconds
@@ -480,6 +501,11 @@ class SubscriptionDispatcher:
             self.cursor = cursor
 
     # -- figures and shutdown ------------------------------------------------------------
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes read ahead and not yet given to a consumer (against `buffer_bytes`)."""
+        return self._fresh_bytes
 
     @property
     def waiting(self) -> int:

@@ -100,6 +100,14 @@ class DataPlaneHost:
         self.counters.registry.register(StorageCollector(self.stats))
         self.directory = Directory(store, clock)
         self.dialer = ClusterDialer(config)  # the relay's and dead letters' calls
+        self.counters.subscription_dropped.set_function(
+            lambda: sum(d.dropped for t in self.topics.values() for d in t.subscriptions.values())
+        )
+        self.counters.subscription_buffered_bytes.set_function(
+            lambda: sum(
+                d.buffered_bytes for t in self.topics.values() for d in t.subscriptions.values()
+            )
+        )
         self.topics: dict[str, ServedTopic] = {}
         self.producers: dict[int, ProducerEntry] = {}
         self.consumers: dict[int, ConsumerHandle] = {}
@@ -210,6 +218,7 @@ class DataPlaneHost:
             served = NonReliableServedTopic(topic, window=window, buffer=buffer, now=now)
             log.info("%s: serving non-reliable %s", self.broker_id, topic)
         served.on_failure = self._failed
+        served.buffer_bytes = self.settings.subscription_buffer_bytes
         self.topics[topic] = served
 
     def _failed(self, topic: str, why: str) -> None:

@@ -30,6 +30,7 @@ from ballast.config import BallastConfig
 from ballast.metadata import keys
 from ballast.model import InvalidTopicName, TopicName
 from ballast.server.auth import AuthError, Binding, Permission, bind, check_bound
+from ballast.server.budgets import ByteBudgets
 from ballast.server.directory import Owner, partition_index
 from ballast.server.errors import RpcFailure, bad_input, not_served
 from ballast.server.host import DISPATCH_KEY, NON_RELIABLE, RELIABLE, DataPlaneHost
@@ -100,6 +101,10 @@ class DataPlaneService(
         self.schemas = TopicSchemas(SchemaStore(host.store, host.clock), host.clock)
         self.nacks = NackHandler(host, host.clock)
         self.rpc_label = host.broker_id
+        self.budgets = ByteBudgets(
+            self.settings.topic_budget_bytes, self.settings.broker_budget_bytes
+        )
+        host.counters.held_bytes.set_function(lambda: self.budgets.total)
 
     def refused(self, rpc: str, reason: str) -> None:
         """Count a refused request (`rpc`'s hook)."""
@@ -256,7 +261,8 @@ class DataPlaneService(
         size = check_message(request, self.settings.max_message_bytes)
         entry.last_seen = self.host.clock.now()
         await send_check(self.schemas, entry.topic.name, request, self.host.counters)
-        await entry.topic.publish(request)
+        with self.budgets.hold(entry.topic.name, size):
+            await entry.topic.publish(request)
         self.host.counters.messages_in.inc()
         self.host.counters.bytes_in.inc(size)
         return pb.MessageResponse(request_id=request.request_id)

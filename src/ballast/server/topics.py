@@ -79,6 +79,8 @@ class ServedTopic(abc.ABC):
     """What every served topic has: producers, subscriptions, counters, a state."""
 
     reliable: bool = False
+    # Per subscription, read ahead in bytes (set by the host from `data_plane`).
+    buffer_bytes: int = 16 * 1024 * 1024
 
     def __init__(self, name: str, *, window: int, buffer: int, now: float) -> None:
         self.name = name
@@ -233,7 +235,12 @@ class NonReliableServedTopic(ServedTopic):
 
     async def _open_subscription(self, name: str, sub_type: str) -> SubscriptionDispatcher:
         return SubscriptionDispatcher(
-            name, sub_type, window=self.window, reliable=False, buffer=self.buffer
+            name,
+            sub_type,
+            window=self.window,
+            reliable=False,
+            buffer=self.buffer,
+            buffer_bytes=self.buffer_bytes,
         )
 
 
@@ -305,6 +312,7 @@ class ReliableServedTopic(ServedTopic):
             reliable=True,
             buffer=self.buffer,
             start_cursor=start - 1,
+            buffer_bytes=self.buffer_bytes,
         )
         self._persisted[name] = start - 1
         self._readers[name] = asyncio.create_task(
