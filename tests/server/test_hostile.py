@@ -14,13 +14,16 @@ from typing import Any
 
 import grpc
 import pytest
+from typer.testing import CliRunner
 
+from ballast.cli.main import app
 from ballast.config import AuthSettings
 from ballast.metadata.etcd import EtcdStore
 from ballast.server import dispatch
 from ballast.server.auth import Permission, TokenAuthority
 from ballast.server.cluster_calls import ClusterDialer
 from ballast.server.protocol import CLIENT_CONSUMER, CLIENT_PRODUCER, pb, pb_grpc
+from tests.etcd_fixtures import EtcdServer
 from tests.server.certs import Pki, make_pki
 from tests.server.helpers import (
     DataBroker,
@@ -377,3 +380,56 @@ async def test_a_producer_flood_against_a_full_budget_gets_resource_exhausted(
     message = await asyncio.wait_for(queue.get(), 15)
     assert bytes(message.payload) == b"polite"
     assert broker.host.topics[topic].msgs_in == 64 - refused + 1
+
+
+async def test_namespace_quotas_from_the_cli(
+    small_broker: DataBroker, etcd_server: EtcdServer
+) -> None:
+    broker = small_broker
+    await broker.host.directory.ensure_namespace("tight")
+    policy = [
+        "admin", "namespaces", "set-policy", "tight", "--max-topics", "1",
+        "--max-producers-per-topic", "1", "--max-subscriptions-per-topic", "20",
+        "--max-consumers-per-topic", "21", "--etcd", etcd_server.client_url, "--json",
+    ]  # fmt: skip
+    result = await asyncio.to_thread(CliRunner().invoke, app, policy)
+    assert result.exit_code == 0, result.output
+    assert '"max_topics": 1' in result.output
+    c = await new_client(broker.url)
+    first = c.new_producer().with_topic("/tight/one").with_name("p1").build()
+    await first.create()
+    counters = broker.host.counters
+    second = c.new_producer().with_topic("/tight/one").with_name("p2").build()
+    with pytest.raises(grpc.aio.AioRpcError) as producers:
+        await second.create()
+    assert producers.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "at most 1 producers per topic" in (producers.value.details() or "")
+    other = c.new_producer().with_topic("/tight/two").with_name("p").build()
+    with pytest.raises(grpc.aio.AioRpcError) as topics:
+        await other.create()
+    assert topics.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "max_topics" in (topics.value.details() or "")
+    # A flood of subscription names: the first 20 are taken, the rest refused.
+    async with grpc.aio.insecure_channel(broker.url) as channel:
+        stub = pb_grpc.ConsumerServiceStub(channel)
+
+        async def subscribe(i: int) -> grpc.StatusCode:
+            request = pb.ConsumerRequest(
+                topic_name="/tight/one", consumer_name=f"c{i}", subscription=f"s{i}",
+                subscription_type=1,
+            )  # fmt: skip
+            try:
+                await stub.Subscribe(request, timeout=10)
+            except grpc.aio.AioRpcError as exc:
+                return exc.code()
+            return grpc.StatusCode.OK
+
+        codes = [await subscribe(i) for i in range(200)]
+    assert codes.count(grpc.StatusCode.OK) == 20
+    assert codes.count(grpc.StatusCode.FAILED_PRECONDITION) == 180
+    assert len(broker.host.topics["/tight/one"].subscriptions) == 20
+    assert counters.rejected_count("Subscribe", "quota_subscriptions_per_topic") == 180
+    assert counters.rejected_count("CreateProducer", "quota_producers_per_topic") >= 1
+    # The first producer and an existing subscription keep working.
+    await first.send(b"still")
+    assert broker.host.topics["/tight/one"].msgs_in == 1

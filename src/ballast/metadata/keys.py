@@ -31,6 +31,7 @@ a foreign key instead of crashing.
 | `topic_schema(t)` | ``/topics/{ns}/{topic}/schema`` (`{subject, validation_policy, …}`) |
 | `subscription_redeliveries(t, s)` | ``/topics/{ns}/{topic}/subscriptions/{s}/redeliveries`` |
 | `dead_letter_policy(ns)` | ``/policies/dead_letter/{ns}`` (`{max_deliveries, …}`) |
+| `quota_policy(ns)` | ``/policies/quotas/{ns}`` (`{max_topics, …}`, see `server.quotas`) |
 | `SCHEMA_ID_COUNTER` | ``/schemas/next_id`` (`{next}`: allocated by compare-and-swap) |
 | `schema_subject(subj)` | ``/schemas/subjects/{subj}/meta`` (`{schema_id, compatibility}`) |
 | `schema_version(subj, v)` | ``/schemas/subjects/{subj}/versions/{v:010}`` |
@@ -97,6 +98,7 @@ __all__ = [
     "parse_topic_meta_key",
     "parse_topic_owner_key",
     "parse_unassigned_key",
+    "quota_policy",
     "rebalancing_history",
     "register",
     "schema_id",
@@ -587,3 +589,8 @@ def subscription_redeliveries(topic: TopicLike, subscription: str) -> str:
 def dead_letter_policy(namespace: str) -> str:
     """A namespace's nack policy: maximum deliveries and dead-letter topic."""
     return f"{POLICIES_PREFIX}dead_letter/{_namespace(namespace)}"
+
+
+def quota_policy(namespace: str) -> str:
+    """A namespace's quotas: topics, producers, consumers, subscriptions, auto-creation."""
+    return f"{POLICIES_PREFIX}quotas/{_namespace(namespace)}"

@@ -47,6 +47,7 @@ from ballast.server.protocol import (
     pb,
     pb_grpc,
 )
+from ballast.server.quotas import QuotaCache, over_quota
 from ballast.server.relay import RELAY_HEADER
 from ballast.server.rpc import rpc
 from ballast.server.schemas import (
@@ -104,6 +105,7 @@ class DataPlaneService(
         self.budgets = ByteBudgets(
             self.settings.topic_budget_bytes, self.settings.broker_budget_bytes
         )
+        self.quotas = QuotaCache(host.store, host.clock)
         host.counters.held_bytes.set_function(lambda: self.budgets.total)
 
     def refused(self, rpc: str, reason: str) -> None:
@@ -180,6 +182,14 @@ class DataPlaneService(
             await self._not_here(topic, strategy, create=True)
             raise AssertionError("unreachable")
         self._check_strategy(topic, "reliable" if served.reliable else NON_RELIABLE, strategy)
+        if request.producer_name not in served.producers:
+            quotas = await self.quotas.get(topic.namespace)
+            over_quota(
+                topic.namespace,
+                "producers_per_topic",
+                len(served.producers),
+                quotas.max_producers_per_topic,
+            )
         if request.HasField("schema_ref"):
             await producer_schema_check(self.schemas, topic, request.schema_ref)
         entry = served.add_producer(request.producer_name, self.host.clock.now())
@@ -220,12 +230,18 @@ class DataPlaneService(
                         "unknown_topic",
                     )
                 raise not_served(f"topic {topic} is not placed yet; retry")
-            if not self.settings.auto_create_topics:
+            quotas = await self.quotas.get(topic.namespace)
+            auto = quotas.auto_create_topics
+            if not (self.settings.auto_create_topics if auto is None else auto):
                 raise RpcFailure(
                     grpc.StatusCode.NOT_FOUND,
-                    f"topic {topic} does not exist and auto-creation is off",
+                    f"topic {topic} does not exist and auto-creation is off "
+                    f"({'the namespace policy' if auto is not None else 'the configuration'})",
                     "unknown_topic",
                 )
+            if quotas.max_topics:
+                count = await self.quotas.topic_count(topic.namespace)
+                over_quota(topic.namespace, "topics", count, quotas.max_topics)
             is_partition = partition_index(topic.name.rsplit("-part-", 1)[0], topic.name)
             if is_partition is None and await directory.partitions(topic):
                 raise RpcFailure(
@@ -288,6 +304,7 @@ class DataPlaneService(
         if served is None or not served.accepting:
             await self._not_here(topic, None, create=False)
             raise AssertionError("unreachable")
+        await self._subscribe_quotas(topic, served, request.subscription, request.consumer_name)
         handle = await served.subscribe(
             request.subscription,
             sub_type,
@@ -300,6 +317,28 @@ class DataPlaneService(
         await self.nacks.restore_holds(served, request.subscription)
         return pb.ConsumerResponse(
             request_id=request.request_id, consumer_id=handle.id, consumer_name=handle.name
+        )
+
+    async def _subscribe_quotas(
+        self, topic: TopicName, served: Any, subscription: str, consumer: str
+    ) -> None:
+        """A new subscription or consumer must fit the namespace's quotas."""
+        existing = served.subscriptions.get(subscription)
+        if existing is not None and consumer in existing.consumers:
+            return  # a reconnect
+        quotas = await self.quotas.get(topic.namespace)
+        if existing is None:
+            over_quota(
+                topic.namespace,
+                "subscriptions_per_topic",
+                len(served.subscriptions),
+                quotas.max_subscriptions_per_topic,
+            )
+        over_quota(
+            topic.namespace,
+            "consumers_per_topic",
+            len(served.consumers()),
+            quotas.max_consumers_per_topic,
         )
 
     async def ReceiveMessages(self, request: Any, context: Any) -> AsyncIterator[Any]:
