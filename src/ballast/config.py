@@ -293,6 +293,8 @@ class StorageSettings(_Strict):
     fsync_policy: str = Field("never", pattern="^(batch|interval|never)$")
     upload_interval_seconds: float = Field(30.0, gt=0)
     cursor_flush_seconds: float = Field(5.0, gt=0)
+    # Each reliable topic's WAL read cache, in bytes (payload + key; 8-16 k records at most).
+    wal_cache_bytes: int = Field(32 * MiB, gt=0)
 
     def object_store_url(self) -> str:
         """The object store URL (the default shares `data_dir` between local brokers)."""

@@ -94,6 +94,7 @@ class DataPlaneHost:
             fsync_policy=FsyncPolicy(storage.fsync_policy),
             upload_interval_seconds=storage.upload_interval_seconds,
             cursor_flush_seconds=storage.cursor_flush_seconds,
+            cache_bytes=storage.wal_cache_bytes,
         )
         self.stats = StorageStats()
         self.counters = metrics if metrics is not None else DataPlaneMetrics()
