@@ -269,6 +269,8 @@ class DataPlaneConfig(_Strict):
     # Bytes read ahead for one subscription: a slow (non-reliable) subscription drops its
     # oldest, a reliable one stops reading until its consumers catch up.
     subscription_buffer_bytes: int = Field(16 * MiB, gt=0)
+    # A subscription without consumers this long is removed with its cursor (0: never).
+    subscription_expiry_seconds: float = Field(0.0, ge=0)
     lookup_wait_seconds: float = Field(3.0, ge=0)  # a lookup waits this long for an owner
     close_handshake_seconds: float = Field(6.0, gt=0)  # a moving consumer's stream lives on
     relay_moving_consumers: bool = True  # feed that stream from the new owner meanwhile

@@ -19,8 +19,11 @@ from typer.testing import CliRunner
 from ballast.cli.main import app
 from ballast.clock import FakeClock
 from ballast.config import AuthSettings
+from ballast.metadata import keys
 from ballast.metadata.etcd import EtcdStore
+from ballast.model import TopicName
 from ballast.server import dispatch
+from ballast.server import host as host_module
 from ballast.server.auth import Permission, TokenAuthority
 from ballast.server.cluster_calls import ClusterDialer
 from ballast.server.protocol import CLIENT_CONSUMER, CLIENT_PRODUCER, pb, pb_grpc
@@ -453,3 +456,41 @@ async def test_big_messages_keep_the_wal_cache_within_its_byte_budget(tmp_path: 
         assert first[0].payload == b"\x00" * 10_000
         last = await wal.read(99, 1)
         assert last[0].payload == b"\x63" * 10_000
+
+
+async def test_an_abandoned_subscription_expires_with_its_cursor(
+    etcd_store: EtcdStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(host_module, "CONSUMER_IDLE_SECONDS", 0.0)
+    limits = {"subscription_expiry_seconds": 0.3}
+    async with DataCluster(etcd_store, data_config(tmp_path, data_plane=limits)) as cluster:
+        broker = await cluster.start_broker("h4")
+        host = broker.host
+        topic = "/default/abandoned"
+        async with grpc.aio.insecure_channel(broker.url) as channel:
+            await raw_producer(channel, topic, pb.Reliable)
+            stub = pb_grpc.ConsumerServiceStub(channel)
+            for name in ("gone", "kept"):
+                await stub.Subscribe(
+                    pb.ConsumerRequest(
+                        topic_name=topic,
+                        consumer_name="c",
+                        subscription=name,
+                        subscription_type=0,
+                    )
+                )
+        served = host.topics[topic]
+        cursor = keys.subscription_cursor(TopicName.parse(topic), "gone")
+        assert await etcd_store.get(cursor) is not None
+        # "kept" has a consumer that keeps checking in; "gone" was abandoned.
+        kept = next(iter(served.subscriptions["kept"].consumers.values()))
+        host.sweep()  # forgets both idle consumers (the idle time is 0 here) ...
+        handle = await served.subscribe("kept", "exclusive", "c", (), host.clock.now())
+        assert handle is not kept and served.subscriptions["kept"].consumers
+        assert await host.expire_subscriptions() == []  # ... the expiry clock starts
+        await asyncio.sleep(0.4)
+        assert await host.expire_subscriptions() == [(topic, "gone")]
+        assert set(served.subscriptions) == {"kept"}
+        assert await etcd_store.get(cursor) is None
+        registry = host.counters.registry
+        assert registry.get_sample_value("ballast_dataplane_subscriptions_expired_total") == 1

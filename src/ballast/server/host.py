@@ -29,6 +29,7 @@ from ballast.model import TopicLoad, TopicName, UnassignedMarker
 from ballast.server.cluster_calls import ClusterDialer
 from ballast.server.directory import Directory
 from ballast.server.dispatch import ConsumerHandle, drain
+from ballast.server.expiry import expired
 from ballast.server.metrics import DataPlaneMetrics
 from ballast.server.relay import ConsumerRelay
 from ballast.server.storage_metrics import StorageCollector
@@ -113,6 +114,7 @@ class DataPlaneHost:
         self.producers: dict[int, ProducerEntry] = {}
         self.consumers: dict[int, ConsumerHandle] = {}
         self._timers: set[asyncio.TimerHandle] = set()
+        self._idle_subscriptions: dict[tuple[str, str], float] = {}  # see `expiry`
         self._relays: dict[int, ConsumerRelay] = {}  # consumer id -> relay of a moved topic
         self._failed_loads: dict[str, UnassignedMarker | None] = {}  # assigned, not opened
         self._assigned: set[str] = set()  # what the broker asked us to serve
@@ -385,11 +387,34 @@ class DataPlaneHost:
                 handle.dispatcher.remove(handle)
         self._update_gauges()
 
+    async def expire_subscriptions(self) -> list[tuple[str, str]]:
+        """Remove subscriptions without consumers for `subscription_expiry_seconds`."""
+        after = self.settings.subscription_expiry_seconds
+        if not after:
+            return []
+        idle = [
+            (topic, name)
+            for topic, served in self.topics.items()
+            if served.accepting
+            for name, dispatcher in served.subscriptions.items()
+            if not dispatcher.consumers
+        ]
+        self._idle_subscriptions, due = expired(
+            self._idle_subscriptions, idle, self.clock.now(), after
+        )
+        for topic, name in due:
+            served = self.topics.get(topic)
+            if served is not None and await served.drop_subscription(name):
+                self.counters.subscriptions_expired.inc()
+                log.info("%s: subscription %s of %s expired", self.broker_id, name, topic)
+        return due
+
     async def sweep_forever(self, every: float = 5.0) -> None:
         """Run `sweep` periodically, and retry opening topics that failed (a server task)."""
         while True:
             await self.clock.sleep(every)
             self.sweep()
+            await self.expire_subscriptions()
             for topic, marker in list(self._failed_loads.items()):
                 if topic in self._assigned and topic not in self.topics:
                     await self.load(topic, marker)

@@ -65,6 +65,11 @@ class DataPlaneMetrics:
             "Non-reliable messages slow subscriptions dropped (full buffer), topics served now",
             registry=r,
         )
+        self.subscriptions_expired = Counter(
+            "ballast_dataplane_subscriptions_expired",
+            "Subscriptions removed after subscription_expiry_seconds without a consumer",
+            registry=r,
+        )
         self.subscription_buffered_bytes = Gauge(
             "ballast_dataplane_subscription_buffered_bytes",
             "Bytes read ahead for subscriptions (each bounded by subscription_buffer_bytes)",

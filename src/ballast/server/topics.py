@@ -156,6 +156,16 @@ class ServedTopic(abc.ABC):
         if dispatcher is not None:
             dispatcher.nack(offset, delay_seconds)
 
+    async def drop_subscription(self, name: str) -> bool:
+        """Remove an expired subscription and its buffers, unless a consumer came back."""
+        async with self._lock:
+            dispatcher = self.subscriptions.get(name)
+            if dispatcher is None or dispatcher.consumers:
+                return False
+            del self.subscriptions[name]
+            dispatcher.close()
+            return True
+
     def consumers(self) -> list[ConsumerHandle]:
         """Every consumer of every subscription."""
         return [c for d in self.subscriptions.values() for c in d.consumers.values()]
@@ -387,6 +397,18 @@ class ReliableServedTopic(ServedTopic):
             return 0
         slowest = min(d.cursor for d in self.subscriptions.values())
         return max(0, self.storage.next_offset - 1 - slowest)
+
+    async def drop_subscription(self, name: str) -> bool:
+        """Also stop its reader and delete its cursor."""
+        if not await super().drop_subscription(name):
+            return False
+        reader = self._readers.pop(name, None)
+        if reader is not None:
+            await cancel_and_wait(reader)
+        self._persisted.pop(name, None)
+        if self.accepting:
+            await self.storage.unsubscribe(name)
+        return True
 
     async def _seal(self) -> SealedState | None:
         """Seal within `SEAL_WAIT_SECONDS`; otherwise hand the topic over unsealed.
