@@ -301,7 +301,7 @@ async def budget_broker(etcd_store: EtcdStore, tmp_path: Path) -> AsyncIterator[
 
 
 async def test_a_subscription_that_never_reads_costs_bounded_memory(
-    budget_broker: DataBroker,
+    budget_broker: DataBroker, etcd_server: EtcdServer
 ) -> None:
     broker = budget_broker
     topic = "/default/firehose"
@@ -339,6 +339,13 @@ async def test_a_subscription_that_never_reads_costs_bounded_memory(
         got += 1
     registry = broker.host.counters.registry
     assert registry.get_sample_value("ballast_dataplane_subscription_dropped") == never.dropped
+    # The operator sees it in `topics describe`.
+    assert await broker.host.publish_pressure() >= 1
+    describe = ["admin", "topics", "describe", topic, "--etcd", etcd_server.client_url]
+    shown = await asyncio.to_thread(CliRunner().invoke, app, describe)
+    assert shown.exit_code == 0, shown.output
+    assert f"subscription never: {never.buffered_bytes} bytes read ahead" in shown.output
+    assert f"{never.dropped} dropped" in shown.output
 
 
 async def test_a_producer_flood_against_a_full_budget_gets_resource_exhausted(
@@ -368,6 +375,9 @@ async def test_a_producer_flood_against_a_full_budget_gets_resource_exhausted(
     assert refused > 0 and refused + codes.count(grpc.StatusCode.OK) == 64
     counters = broker.host.counters
     assert counters.rejected_count("SendMessage", "topic_budget_full") == refused
+    await broker.host.publish_pressure()
+    record = await broker.host.store.get(keys.topic_pressure(topic))
+    assert record is not None and record.value["refused_sends"] == refused
     # What was accepted is stored; a well-behaved client still gets through.
     c = await new_client(broker.url)
     consumer = (

@@ -102,11 +102,14 @@ class TopicDetail:
     info: TopicInfo
     meta: Mapping[str, Any]
     placement: Placement  # where the topic would go if it were placed now, and why
+    # Its owner's backpressure figures (`server.pressure`), if it ever felt a limit.
+    pressure: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             **self.info.to_dict(),
             "meta": dict(self.meta),
+            "pressure": dict(self.pressure) if self.pressure is not None else None,
             "placement": {
                 "broker": self.placement.broker,
                 "reason": self.placement.reason,
@@ -277,7 +280,13 @@ class AdminClient:
             pulsar=self.config.load_manager.pulsar,
         )
         meta = view.topics.get(name)
-        return TopicDetail(info, meta.to_dict() if meta is not None else {}, placement)
+        pressure = await self.store.get(keys.topic_pressure(name))
+        return TopicDetail(
+            info,
+            meta.to_dict() if meta is not None else {},
+            placement,
+            pressure.value if pressure is not None and isinstance(pressure.value, dict) else None,
+        )
 
     async def balance(self) -> BalanceReport:
         """CV, mean, std, min, max and each active broker's classification."""

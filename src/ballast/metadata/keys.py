@@ -116,6 +116,7 @@ __all__ = [
     "topic_meta",
     "topic_owner",
     "topic_prefix",
+    "topic_pressure",
     "topic_schema",
     "unassigned",
 ]
@@ -142,6 +143,9 @@ NAMESPACES_PREFIX = "/namespaces/"
 # Per-namespace dead-letter policies and the schema registry (issue 22).
 POLICIES_PREFIX = "/policies/"
 SCHEMAS_PREFIX = "/schemas/"
+# Figures of a topic's limits as its owner last saw them (see `server.pressure`); kept
+# out of /topics/ so that their updates do not wake the leader.
+PRESSURE_PREFIX = "/pressure/"
 SCHEMA_SUBJECTS_PREFIX = "/schemas/subjects/"
 SCHEMA_IDS_PREFIX = "/schemas/ids/"
 SCHEMA_ID_COUNTER = "/schemas/next_id"
@@ -594,3 +598,9 @@ def dead_letter_policy(namespace: str) -> str:
 def quota_policy(namespace: str) -> str:
     """A namespace's quotas: topics, producers, consumers, subscriptions, auto-creation."""
     return f"{POLICIES_PREFIX}quotas/{_namespace(namespace)}"
+
+
+def topic_pressure(topic: TopicLike) -> str:
+    """A topic's backpressure figures, written by its owner (`server.pressure`)."""
+    t = _topic(topic)
+    return f"{PRESSURE_PREFIX}{t.namespace}/{t.name}"

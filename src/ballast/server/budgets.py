@@ -29,6 +29,7 @@ class ByteBudgets:
         self.broker_limit = broker_limit
         self.held: dict[str, int] = {}
         self.total = 0
+        self.refused: dict[str, int] = {}  # sends refused per topic (either budget)
 
     def check(self, topic: str, size: int) -> None:
         """RESOURCE_EXHAUSTED when holding `size` more bytes of `topic` would not fit.
@@ -37,6 +38,10 @@ class ByteBudgets:
         not refuse a message for ever).
         """
         held = self.held.get(topic, 0)
+        if (held and held + size > self.topic_limit) or (
+            self.total and self.total + size > self.broker_limit
+        ):
+            self.refused[topic] = self.refused.get(topic, 0) + 1
         if held and held + size > self.topic_limit:
             raise RpcFailure(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,

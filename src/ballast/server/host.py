@@ -24,13 +24,15 @@ from typing import Any
 
 from ballast.clock import Clock
 from ballast.config import BallastConfig
-from ballast.metadata import MetadataStore
+from ballast.metadata import MetadataStore, keys
 from ballast.model import TopicLoad, TopicName, UnassignedMarker
+from ballast.server.budgets import ByteBudgets
 from ballast.server.cluster_calls import ClusterDialer
 from ballast.server.directory import Directory
 from ballast.server.dispatch import ConsumerHandle, drain
 from ballast.server.expiry import expired
 from ballast.server.metrics import DataPlaneMetrics
+from ballast.server.pressure import topic_figures
 from ballast.server.relay import ConsumerRelay
 from ballast.server.storage_metrics import StorageCollector
 from ballast.server.topics import (
@@ -115,6 +117,11 @@ class DataPlaneHost:
         self.consumers: dict[int, ConsumerHandle] = {}
         self._timers: set[asyncio.TimerHandle] = set()
         self._idle_subscriptions: dict[tuple[str, str], float] = {}  # see `expiry`
+        # Bytes held until stored, per topic and in total (SendMessage's backpressure).
+        self.budgets = ByteBudgets(
+            self.settings.topic_budget_bytes, self.settings.broker_budget_bytes
+        )
+        self._published: dict[str, dict[str, Any]] = {}  # pressure figures last written
         self._relays: dict[int, ConsumerRelay] = {}  # consumer id -> relay of a moved topic
         self._failed_loads: dict[str, UnassignedMarker | None] = {}  # assigned, not opened
         self._assigned: set[str] = set()  # what the broker asked us to serve
@@ -409,12 +416,26 @@ class DataPlaneHost:
                 log.info("%s: subscription %s of %s expired", self.broker_id, name, topic)
         return due
 
+    async def publish_pressure(self) -> int:
+        """Write the changed pressure figures of served topics (`server.pressure`)."""
+        written = 0
+        for name, served in list(self.topics.items()):
+            figures = topic_figures(served, self.budgets)
+            if figures is None or self._published.get(name) == figures:
+                continue
+            record = {**figures, "broker": self.broker_id, "timestamp": self.clock.now()}
+            await self.store.put(keys.topic_pressure(name), record)
+            self._published[name] = figures
+            written += 1
+        return written
+
     async def sweep_forever(self, every: float = 5.0) -> None:
         """Run `sweep` periodically, and retry opening topics that failed (a server task)."""
         while True:
             await self.clock.sleep(every)
             self.sweep()
             await self.expire_subscriptions()
+            await self.publish_pressure()
             for topic, marker in list(self._failed_loads.items()):
                 if topic in self._assigned and topic not in self.topics:
                     await self.load(topic, marker)

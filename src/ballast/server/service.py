@@ -30,7 +30,6 @@ from ballast.config import BallastConfig
 from ballast.metadata import keys
 from ballast.model import InvalidTopicName, TopicName
 from ballast.server.auth import AuthError, Binding, Permission, bind, check_bound
-from ballast.server.budgets import ByteBudgets
 from ballast.server.directory import Owner, partition_index
 from ballast.server.errors import RpcFailure, bad_input, not_served
 from ballast.server.host import DISPATCH_KEY, NON_RELIABLE, RELIABLE, DataPlaneHost
@@ -102,9 +101,7 @@ class DataPlaneService(
         self.schemas = TopicSchemas(SchemaStore(host.store, host.clock), host.clock)
         self.nacks = NackHandler(host, host.clock)
         self.rpc_label = host.broker_id
-        self.budgets = ByteBudgets(
-            self.settings.topic_budget_bytes, self.settings.broker_budget_bytes
-        )
+        self.budgets = host.budgets
         self.quotas = QuotaCache(host.store, host.clock)
         host.counters.held_bytes.set_function(lambda: self.budgets.total)
 
