@@ -15,12 +15,18 @@
   fresh broker per setting: messages/s, produce p50/p99 and object writes per second;
 - moves: a live reliable topic moved `--moves` times between two broker processes while a
   producer and a consumer run; per move, the longest pause each side sees (p50/p99/max),
-  and whether every acknowledged send was consumed.
+  and whether every acknowledged send was consumed;
+- slow consumer (``--slow-consumer``, run alone): 32 producers of 1 KiB to a non-reliable
+  topic with one reading subscription, for `--duration` seconds, without and then with a
+  second subscription that never reads; the broker's resident memory (peak, sampled every
+  0.2 s) against its `subscription_buffer_bytes`, and the reading subscription's rate in
+  both runs (goal: within 10 %).
 
 Client and brokers share the machine. Prints one JSON document.
 
     .venv/bin/python benchmarks/bench_dataplane.py [--duration 3] [--moves 20] [--only-schemas]
         [--only-ack-modes]
+    .venv/bin/python benchmarks/bench_dataplane.py --slow-consumer [--duration 20]
 """
 
 from __future__ import annotations
@@ -140,8 +146,10 @@ class Procs:
                 proc.kill()
 
 
-async def start_broker(procs: Procs, etcd: str, config: Path, broker_id: str) -> None:
-    await procs.start(
+async def start_broker(
+    procs: Procs, etcd: str, config: Path, broker_id: str
+) -> asyncio.subprocess.Process:
+    return await procs.start(
         ["-m", "ballast.cluster.run", "--etcd", etcd, "--config", str(config), "--id",
          broker_id, "--broker-url", "127.0.0.1:0", "--log-level", "ERROR"],
         f"BROKER-STARTED {broker_id}",
@@ -521,6 +529,101 @@ async def ack_modes(procs: Procs, tmp: Path, duration: float) -> dict[str, Any]:
         out[backend]["durable_share_of_local_32"] = round(
             durable["msg_per_s"] / local["msg_per_s"], 3
         )
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of process `pid` (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+async def slow_consumer_run(url: str, pid: int, topic: str, idle: bool, duration: float
+                            ) -> dict[str, float]:  # fmt: skip
+    """32 producers; one reading subscription; with `idle`, one that never reads."""
+    client = await client_for(url)
+    await client.new_producer().with_topic(topic).with_name("seed").build().create()
+    consumer = (
+        client.new_consumer().with_topic(topic).with_consumer_name("reader")
+        .with_subscription("reads").with_subscription_type(SubType.EXCLUSIVE).build()
+    )  # fmt: skip
+    await consumer.subscribe()
+    queue = await consumer.receive()
+    if idle:
+        async with grpc.aio.insecure_channel(url) as channel:
+            await pb_grpc.ConsumerServiceStub(channel).Subscribe(
+                pb.ConsumerRequest(topic_name=topic, consumer_name="idle",
+                                   subscription="never", subscription_type=0)
+            )  # fmt: skip
+    received = 0
+    peak = rss_bytes(pid)
+    done = False
+
+    async def drain() -> None:
+        nonlocal received
+        while True:
+            await queue.get()
+            received += 1
+
+    async def sample() -> None:
+        nonlocal peak
+        while not done:
+            peak = max(peak, rss_bytes(pid))
+            await asyncio.sleep(0.2)
+
+    tasks = [asyncio.create_task(drain()), asyncio.create_task(sample())]
+    began = time.perf_counter()
+    sent = await throughput(url, topic, 32, False, duration)
+    elapsed = time.perf_counter() - began
+    done = True
+    for task in tasks:
+        task.cancel()
+    await consumer.close()
+    return {
+        "sent_msg_per_s": sent["msg_per_s"],
+        "received_msg_per_s": round(received / elapsed, 1),
+        "rss_peak_mib": round(peak / 2**20, 1),
+    }
+
+
+async def slow_consumer(args: argparse.Namespace) -> dict[str, Any]:
+    budget = 16 * 1024 * 1024
+    procs = Procs()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-slow-"))
+    config = tmp / "broker.yaml"
+    config.write_text(yaml.safe_dump({
+        "load_manager": {"load_report_interval_seconds": 1, "assignment_strategy": "fair"},
+        "broker": {"registration_ttl_seconds": 10, "leader_ttl_seconds": 10},
+        "history": {"enabled": False},
+        "metrics": {"enabled": False},
+        "storage": {"data_dir": str(tmp / "data")},
+        "data_plane": {"subscription_buffer_bytes": budget},
+    }))  # fmt: skip
+    out: dict[str, Any] = {"payload_bytes": len(PAYLOAD), "duration_s": args.duration,
+                           "subscription_buffer_bytes": budget}  # fmt: skip
+    try:
+        with EtcdServer() as server:
+            async with EtcdStore(server.client_url) as store:
+                proc = await start_broker(procs, server.client_url, config, "slow-1")
+                url = await broker_url(store, "slow-1")
+                out["rss_start_mib"] = round(rss_bytes(proc.pid) / 2**20, 1)
+                out["without_idle_subscription"] = await slow_consumer_run(
+                    url, proc.pid, "/default/slow-a", False, args.duration
+                )
+                out["with_idle_subscription"] = await slow_consumer_run(
+                    url, proc.pid, "/default/slow-b", True, args.duration
+                )
+    finally:
+        await procs.close()
+    without = out["without_idle_subscription"]["received_msg_per_s"]
+    with_idle = out["with_idle_subscription"]["received_msg_per_s"]
+    out["reader_rate_ratio"] = round(with_idle / without, 3) if without else 0.0
+    out["rss_growth_with_idle_mib"] = round(
+        out["with_idle_subscription"]["rss_peak_mib"]
+        - out["without_idle_subscription"]["rss_peak_mib"], 1
+    )  # fmt: skip
+    out["load_average"] = [round(x, 1) for x in os.getloadavg()]
     return out
 
 
@@ -599,6 +702,11 @@ def main() -> None:
         action="store_true",
         help="only reliable produce in both storage.ack modes (directory and S3 object store)",
     )
+    parser.add_argument(
+        "--slow-consumer",
+        action="store_true",
+        help="only the slow-consumer run: broker memory and the other subscription's rate",
+    )
     parser.add_argument("--noop-server", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
@@ -606,7 +714,8 @@ def main() -> None:
     if args.noop_server is not None:
         asyncio.run(run_noop_server(args.noop_server))
         return
-    print(json.dumps(asyncio.run(main_async(args)), indent=2))
+    run = slow_consumer if args.slow_consumer else main_async
+    print(json.dumps(asyncio.run(run(args)), indent=2))
 
 
 if __name__ == "__main__":

@@ -251,9 +251,26 @@ class DataPlaneConfig(_Strict):
     """`data_plane`: the client-facing gRPC services a broker serves on `broker.broker_url`."""
 
     enabled: bool = True
-    # Below the client's 4 MiB receive limit, with room for the delivered message's fields.
-    max_payload_bytes: int = Field(4 * MiB - 64 * 1024, gt=0, le=4 * MiB - 1024)
+    # Payload + attributes + routing key of one message. Below the client's 4 MiB receive
+    # limit, with room for the delivered message's other fields: all that is stored is
+    # deliverable (see `server.limits`).
+    max_message_bytes: int = Field(4 * MiB - 64 * 1024, gt=0, le=4 * MiB - 64 * 1024)
+    # gRPC refuses larger requests (RESOURCE_EXHAUSTED) before parsing them; between
+    # `max_message_bytes` and this, the answer is a clear INVALID_ARGUMENT.
+    max_request_bytes: int = Field(8 * MiB, ge=4 * MiB, le=64 * MiB)
+    # Calls in progress at once (open consumer streams included); more: RESOURCE_EXHAUSTED.
+    max_concurrent_rpcs: int = Field(10_000, gt=0)
     unacked_window: int = Field(1000, gt=0)  # delivered, not yet acked, per consumer
+    # Bytes of messages held until stored (reliable: until in object storage), per topic
+    # and per broker; a send over either is refused with RESOURCE_EXHAUSTED (the client
+    # backs off and retries).
+    topic_budget_bytes: int = Field(64 * MiB, gt=0)
+    broker_budget_bytes: int = Field(512 * MiB, gt=0)
+    # Bytes read ahead for one subscription: a slow (non-reliable) subscription drops its
+    # oldest, a reliable one stops reading until its consumers catch up.
+    subscription_buffer_bytes: int = Field(16 * MiB, gt=0)
+    # A subscription without consumers this long is removed with its cursor (0: never).
+    subscription_expiry_seconds: float = Field(0.0, ge=0)
     lookup_wait_seconds: float = Field(3.0, ge=0)  # a lookup waits this long for an owner
     close_handshake_seconds: float = Field(6.0, gt=0)  # a moving consumer's stream lives on
     relay_moving_consumers: bool = True  # feed that stream from the new owner meanwhile
@@ -290,6 +307,8 @@ class StorageSettings(_Strict):
     max_object_writes_per_second: float = Field(500.0, gt=0)
     upload_interval_seconds: float = Field(30.0, gt=0)
     cursor_flush_seconds: float = Field(5.0, gt=0)
+    # Each reliable topic's WAL read cache, in bytes (payload + key; 8-16 k records at most).
+    wal_cache_bytes: int = Field(32 * MiB, gt=0)
 
     def object_store_url(self) -> str:
         """The object store URL (the default shares `data_dir` between local brokers)."""
@@ -336,6 +355,10 @@ class AuthSettings(_Strict):
     public_key_file: str | None = None
     private_key_file: str | None = None
     issuer: str = "ballast"
+    # The token brokers present to each other (relay, dead letters). Without it a broker
+    # signs its own with the key above; a broker that only verifies (RS256 with
+    # public_key_file alone) needs one with admin on "*".
+    cluster_token_file: str | None = None
 
     @model_validator(mode="after")
     def _keys_given(self) -> AuthSettings:

@@ -47,6 +47,7 @@ async def wipe(store: MetadataStore) -> None:
         keys.NAMESPACES_PREFIX,
         keys.SCHEMAS_PREFIX,
         keys.POLICIES_PREFIX,
+        keys.PRESSURE_PREFIX,
     ):
         await store.delete_prefix(prefix)
     await store.delete(keys.OBJECT_STORE)  # each test has its own object store

@@ -98,7 +98,7 @@ async def test_bad_input_gets_a_clear_error_and_the_broker_keeps_serving(
     )
     await producer.create()
     # Oversized payload: INVALID_ARGUMENT with the size and the limit.
-    limit = cluster.config.data_plane.max_payload_bytes
+    limit = cluster.config.data_plane.max_message_bytes
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await producer.send(b"x" * (limit + 1))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -157,7 +157,7 @@ async def test_bad_input_gets_a_clear_error_and_the_broker_keeps_serving(
     # Counted, and the broker still serves.
     counters = broker.host.counters
     assert counters.rejected_count("CreateProducer", "bad_topic") >= 1
-    assert counters.rejected_count("SendMessage", "payload_too_large") == 1
+    assert counters.rejected_count("SendMessage", "message_too_large") == 1
     assert counters.rejected_count("Subscribe", "bad_subscription_type") == 1
     assert counters.rejected_count("SendMessage", "producer_topic_mismatch") == 1
     consumer = (

@@ -14,9 +14,9 @@ def test_data_plane_and_storage_sections() -> None:
     config = parse_config({"storage": {"data_dir": "/d"}, "data_plane": {"unacked_window": 5}})
     assert config.storage.object_store_url() == "/d/objects"
     assert config.data_plane.unacked_window == 5
-    assert config.data_plane.max_payload_bytes < 4 * 1024 * 1024  # the client's receive limit
-    with pytest.raises(ConfigError, match=r"data_plane\.max_payload_bytes"):
-        parse_config({"data_plane": {"max_payload_bytes": 8 * 1024 * 1024}})
+    assert config.data_plane.max_message_bytes < 4 * 1024 * 1024  # the client's receive limit
+    with pytest.raises(ConfigError, match=r"data_plane\.max_message_bytes"):
+        parse_config({"data_plane": {"max_message_bytes": 8 * 1024 * 1024}})
     with pytest.raises(ConfigError, match=r"storage\.fsync_policy"):
         parse_config({"storage": {"fsync_policy": "sometimes"}})
 

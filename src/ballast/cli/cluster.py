@@ -234,6 +234,18 @@ def topics_describe(
             f"  storage: {st.objects} objects, {_bytes(st.bytes)}, {offsets} "
             f"({st.descriptor_keys} descriptor keys in etcd, the rest in the index object)"
         )
+    pressure = detail.pressure
+    if pressure is not None:
+        console.print(
+            f"  backpressure (broker {escape(str(pressure.get('broker')))}): held "
+            f"{pressure.get('held_bytes')} of {pressure.get('topic_budget_bytes')} bytes, "
+            f"{pressure.get('refused_sends')} send(s) refused for a full budget"
+        )
+        for sub, figures in sorted((pressure.get("subscriptions") or {}).items()):
+            console.print(
+                f"    subscription {escape(sub)}: {figures.get('buffered_bytes')} bytes read "
+                f"ahead, {figures.get('dropped')} dropped (slow consumer)"
+            )
     console.print(f"  placement now: {placement.broker or '-'} — {escape(placement.reason)}")
     table = Table("broker", "score", "verdict")
     for broker, score in sorted(placement.scores.items()):

@@ -12,6 +12,7 @@ from ballast.cli import (
     namespaces,
     pipeline,
     plan,
+    quotas,
     schemas,
     simulate,
 )
@@ -27,6 +28,7 @@ namespaces.register(cluster.admin_app)  # namespaces, bundles, anti-affinity, do
 gateway.register_tokens(cluster.admin_app)
 schemas.register(cluster.admin_app)  # schemas; topics set-schema / schema
 schemas.register_dead_letters(namespaces.namespaces_app)
+quotas.register_quotas(namespaces.namespaces_app)
 gateway.register(app)
 console.register(app, cluster.admin_app)
 data.register(app)

@@ -107,12 +107,15 @@ class TopicDetail:
     meta: Mapping[str, Any]
     placement: Placement  # where the topic would go if it were placed now, and why
     storage: StoredSize | None = None  # a reliable topic's objects in the object store
+    # Its owner's backpressure figures (`server.pressure`), if it ever felt a limit.
+    pressure: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             **self.info.to_dict(),
             "meta": dict(self.meta),
             "storage": self.storage.to_dict() if self.storage is not None else None,
+            "pressure": dict(self.pressure) if self.pressure is not None else None,
             "placement": {
                 "broker": self.placement.broker,
                 "reason": self.placement.reason,
@@ -284,8 +287,14 @@ class AdminClient:
         )
         meta = view.topics.get(name)
         stored = await stored_size(self.store, TopicName.parse(name))
-        storage = stored if stored.objects or stored.descriptor_keys else None
-        return TopicDetail(info, meta.to_dict() if meta is not None else {}, placement, storage)
+        pressure = await self.store.get(keys.topic_pressure(name))
+        return TopicDetail(
+            info,
+            meta.to_dict() if meta is not None else {},
+            placement,
+            stored if stored.objects or stored.descriptor_keys else None,
+            pressure.value if pressure is not None and isinstance(pressure.value, dict) else None,
+        )
 
     async def balance(self) -> BalanceReport:
         """CV, mean, std, min, max and each active broker's classification."""

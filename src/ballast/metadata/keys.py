@@ -32,6 +32,7 @@ a foreign key instead of crashing.
 | `topic_schema(t)` | ``/topics/{ns}/{topic}/schema`` (`{subject, validation_policy, …}`) |
 | `subscription_redeliveries(t, s)` | ``/topics/{ns}/{topic}/subscriptions/{s}/redeliveries`` |
 | `dead_letter_policy(ns)` | ``/policies/dead_letter/{ns}`` (`{max_deliveries, …}`) |
+| `quota_policy(ns)` | ``/policies/quotas/{ns}`` (`{max_topics, …}`, see `server.quotas`) |
 | `SCHEMA_ID_COUNTER` | ``/schemas/next_id`` (`{next}`: allocated by compare-and-swap) |
 | `schema_subject(subj)` | ``/schemas/subjects/{subj}/meta`` (`{schema_id, compatibility}`) |
 | `schema_version(subj, v)` | ``/schemas/subjects/{subj}/versions/{v:010}`` |
@@ -98,6 +99,7 @@ __all__ = [
     "parse_topic_meta_key",
     "parse_topic_owner_key",
     "parse_unassigned_key",
+    "quota_policy",
     "rebalancing_history",
     "register",
     "schema_id",
@@ -116,6 +118,7 @@ __all__ = [
     "topic_meta",
     "topic_owner",
     "topic_prefix",
+    "topic_pressure",
     "topic_schema",
     "unassigned",
 ]
@@ -142,6 +145,9 @@ NAMESPACES_PREFIX = "/namespaces/"
 # Per-namespace dead-letter policies and the schema registry (issue 22).
 POLICIES_PREFIX = "/policies/"
 SCHEMAS_PREFIX = "/schemas/"
+# Figures of a topic's limits as its owner last saw them (see `server.pressure`); kept
+# out of /topics/ so that their updates do not wake the leader.
+PRESSURE_PREFIX = "/pressure/"
 SCHEMA_SUBJECTS_PREFIX = "/schemas/subjects/"
 SCHEMA_IDS_PREFIX = "/schemas/ids/"
 SCHEMA_ID_COUNTER = "/schemas/next_id"
@@ -594,3 +600,14 @@ def subscription_redeliveries(topic: TopicLike, subscription: str) -> str:
 def dead_letter_policy(namespace: str) -> str:
     """A namespace's nack policy: maximum deliveries and dead-letter topic."""
     return f"{POLICIES_PREFIX}dead_letter/{_namespace(namespace)}"
+
+
+def quota_policy(namespace: str) -> str:
+    """A namespace's quotas: topics, producers, consumers, subscriptions, auto-creation."""
+    return f"{POLICIES_PREFIX}quotas/{_namespace(namespace)}"
+
+
+def topic_pressure(topic: TopicLike) -> str:
+    """A topic's backpressure figures, written by its owner (`server.pressure`)."""
+    t = _topic(topic)
+    return f"{PRESSURE_PREFIX}{t.namespace}/{t.name}"

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -44,9 +45,12 @@ from ballast.server.protocol import pb
 __all__ = [
     "AuthError",
     "AuthInterceptor",
+    "Binding",
     "Permission",
     "TokenAuthority",
     "TokenClaims",
+    "bind",
+    "check_bound",
     "parse_permissions",
 ]
 
@@ -101,6 +105,47 @@ class TokenClaims:
             ANY_NAMESPACE, frozenset()
         )
         return Permission.ADMIN in granted or any(p in granted for p in needed)
+
+
+# The verified claims of the call being handled (None without `auth`): set by the
+# interceptor, read by handlers that bind ids to principals.
+CALLER: ContextVar[TokenClaims | None] = ContextVar("ballast_caller", default=None)
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Whose a producer or consumer id is: its creator, on the namespace of its topic.
+
+    A producer or consumer id works only for the principal that created it (or that took
+    it over by name, which needs the same permission on the same namespace), so an id is
+    never a bearer credential.
+    """
+
+    subject: str
+    namespace: str
+
+
+def bind(namespace: str) -> Binding | None:
+    """The binding of an id created by the current call (None without `auth`)."""
+    claims = CALLER.get()
+    return None if claims is None else Binding(claims.subject, namespace)
+
+
+def check_bound(binding: Binding | None, needed: tuple[Permission, ...], what: str) -> None:
+    """Raise PERMISSION_DENIED unless the current caller owns `binding`'s id."""
+    claims = CALLER.get()
+    if claims is None:
+        return
+    if (
+        binding is None
+        or claims.subject != binding.subject
+        or not claims.allows(binding.namespace, needed)
+    ):
+        raise AuthError(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"{what} was created by another principal; {claims.subject!r} may not use it "
+            "(subscribe or create the producer with your own token)",
+        )
 
 
 def _read(path: str, what: str) -> bytes:
@@ -340,10 +385,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self.on_refused = on_refused
 
     def _check(self, method: str, request: Any, metadata: Any) -> None:
+        CALLER.set(self._claims(method, request, metadata))
+
+    def _claims(self, method: str, request: Any, metadata: Any) -> TokenClaims:
         rule = RULES.get(method)
         if rule is None:
-            self.authority.authorize(metadata, None, ())
-            return
+            return self.authority.authorize(metadata, None, ())
         cls, getter, needed = rule
         namespace = None
         if getter is not None:
@@ -352,7 +399,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             namespace = _namespace(getter(request))
             if namespace is None:  # a malformed name: the handler answers INVALID_ARGUMENT
                 needed = ()
-        self.authority.authorize(metadata, namespace, needed)
+        return self.authority.authorize(metadata, namespace, needed)
 
     async def intercept_service(
         self,

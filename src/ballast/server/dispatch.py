@@ -29,6 +29,7 @@ import heapq
 import itertools
 import logging
 import secrets
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from typing import Any
 
 import grpc
 
+from ballast.server.auth import Binding
 from ballast.server.errors import RpcFailure
 
 __all__ = [
@@ -52,6 +54,9 @@ log = logging.getLogger(__name__)
 # After a takeover, messages the previous stream sent stay the consumer's this long (it
 # most likely has them and acks them) before they are redelivered.
 REDELIVERY_GRACE = 5.0
+# After a subscription opens here (a move), acks of what the previous owner delivered are
+# taken this long; later, an ack for an offset never delivered here is ignored.
+MOVED_ACKS_SECONDS = 10.0
 
 _FNV_OFFSET = 0xCBF29CE484222325
 _FNV_PRIME = 0x100000001B3
@@ -101,6 +106,7 @@ class ConsumerHandle:
     # Relayed messages sent most recently, with when (the client may drop one at CLOSE).
     recent: deque[tuple[float, Delivery]] = field(default_factory=lambda: deque(maxlen=256))
     last_seen: float = 0.0
+    owner: Binding | None = None  # who may use the id (see `auth.Binding`)
 
     @property
     def connected(self) -> bool:
@@ -192,12 +198,15 @@ class SubscriptionDispatcher:
         reliable: bool,
         buffer: int,
         start_cursor: int = -1,
+        buffer_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self.name = name
         self.sub_type = sub_type
         self.window = window
         self.reliable = reliable
         self.buffer = buffer
+        self.buffer_bytes = buffer_bytes  # read ahead, waiting for a consumer, in bytes
+        self._fresh_bytes = 0
         self.consumers: dict[str, ConsumerHandle] = {}
         self._fresh: deque[Delivery] = deque()
         self._redeliver: deque[Delivery] = deque()
@@ -216,6 +225,8 @@ class SubscriptionDispatcher:
         self._pending: list[int] = []  # heap of offered offsets not yet acked
         self._acked: set[int] = set()  # acked offsets still in the heap (or not yet offered)
         self._holds: dict[int, float] = {}  # offset -> seconds to hold it when offered
+        self._delivered: set[int] = set()  # offsets given to a consumer, not yet acked
+        self._foreign_acks_until = time.monotonic() + MOVED_ACKS_SECONDS
 
     # -- consumers -----------------------------------------------------------------------
 
@@ -311,11 +322,17 @@ class SubscriptionDispatcher:
             if self._holds and d.offset in self._holds:
                 self._later(self._holds.pop(d.offset), d)
                 return
-        elif len(self._fresh) >= self.buffer:
-            self._fresh.popleft()
-            self.dropped += 1
+        else:
+            # A slow subscription drops its oldest: bounded memory, and the producers
+            # (and every other subscription) never wait for it.
+            while self._fresh and (
+                len(self._fresh) >= self.buffer or self._fresh_bytes + d.size > self.buffer_bytes
+            ):
+                self._fresh_bytes -= self._fresh.popleft().size
+                self.dropped += 1
         self._fresh.append(d)
-        if self.reliable and len(self._fresh) >= self.buffer:
+        self._fresh_bytes += d.size
+        if self.reliable and self._full():
             self._space.clear()
         self.pump()
 
@@ -344,17 +361,25 @@ class SubscriptionDispatcher:
             while source:
                 d = source[0]
                 if self.reliable and d.offset in self._acked:
-                    source.popleft()
+                    self._take(source)
                     continue
                 c = self._choose(d, candidates)
                 if c is None:
                     if self.sub_type == "key_shared":
                         self._pump_other_keys(source, candidates)
                     break
-                source.popleft()
+                self._take(source)
                 self._give(c, d)
-        if len(self._fresh) < self.buffer:
+        if not self._full():
             self._space.set()
+
+    def _full(self) -> bool:
+        return len(self._fresh) >= self.buffer or self._fresh_bytes >= self.buffer_bytes
+
+    def _take(self, source: deque[Delivery]) -> None:
+        d = source.popleft()
+        if source is self._fresh:
+            self._fresh_bytes -= d.size
 
     def _pump_other_keys(self, source: deque[Delivery], candidates: list[ConsumerHandle]) -> None:
         """KeyShared: a key whose consumer is full (or absent) holds back only that key.
@@ -375,26 +400,39 @@ class SubscriptionDispatcher:
                 self._give(c, d)
         source.clear()
         source.extend(kept)
+        if source is self._fresh:
+            self._fresh_bytes = sum(d.size for d in kept)
 
     def _give(self, c: ConsumerHandle, d: Delivery) -> None:
         assert c.queue is not None
         if self.reliable:
             c.unacked[d.offset] = d
             self._owner[d.offset] = c
+            self._delivered.add(d.offset)
         c.queue.put_nowait(d)
         self.delivered += 1
         self.delivered_bytes += d.size
 
-    def ack(self, offset: int) -> None:
-        """Acknowledge one message (unknown and duplicate acks are fine)."""
+    def ack(self, offset: int) -> bool:
+        """Acknowledge one message; False when it was ignored as never delivered.
+
+        Duplicate acks are fine. An ack for an offset this subscription never delivered
+        is ignored (remembered, it would make the subscription skip that message later),
+        except during `MOVED_ACKS_SECONDS` after the subscription opened here: then the
+        acks of what the previous owner delivered arrive, maybe before we read it.
+        """
         if not self.reliable or offset <= self.cursor or offset in self._acked:
-            return
+            return True
+        if offset not in self._delivered and time.monotonic() > self._foreign_acks_until:
+            return False
+        self._delivered.discard(offset)
         owner = self._owner.pop(offset, None)
         if owner is not None:
             owner.unacked.pop(offset, None)
         self._acked.add(offset)
         self._advance()
         self.pump()
+        return True
 
     def unacked_message(self, offset: int) -> Any | None:
         """The wire message delivered at `offset` and not yet acked, if any."""
@@ -411,6 +449,8 @@ class SubscriptionDispatcher:
             for d in source:
                 if d.offset == offset:
                     source.remove(d)
+                    if source is self._fresh:
+                        self._fresh_bytes -= d.size
                     self._later(delay_seconds, d)
                     return
         self._holds[offset] = delay_seconds
@@ -461,6 +501,11 @@ class SubscriptionDispatcher:
             self.cursor = cursor
 
     # -- figures and shutdown ------------------------------------------------------------
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes read ahead and not yet given to a consumer (against `buffer_bytes`)."""
+        return self._fresh_bytes
 
     @property
     def waiting(self) -> int:

@@ -24,11 +24,15 @@ from typing import Any
 
 from ballast.clock import Clock
 from ballast.config import BallastConfig
-from ballast.metadata import MetadataStore
+from ballast.metadata import MetadataStore, keys
 from ballast.model import TopicLoad, TopicName, UnassignedMarker
+from ballast.server.budgets import ByteBudgets
+from ballast.server.cluster_calls import ClusterDialer
 from ballast.server.directory import Directory
 from ballast.server.dispatch import ConsumerHandle, drain
+from ballast.server.expiry import expired
 from ballast.server.metrics import DataPlaneMetrics
+from ballast.server.pressure import topic_figures
 from ballast.server.relay import ConsumerRelay
 from ballast.server.storage_metrics import StorageCollector
 from ballast.server.topics import (
@@ -99,16 +103,32 @@ class DataPlaneHost:
             max_object_writes_per_second=storage.max_object_writes_per_second,
             upload_interval_seconds=storage.upload_interval_seconds,
             cursor_flush_seconds=storage.cursor_flush_seconds,
+            cache_bytes=storage.wal_cache_bytes,
         )
         self.stats = StorageStats()
         self.pacer = WritePacer(self.storage_config.max_object_writes_per_second)
         self.counters = metrics if metrics is not None else DataPlaneMetrics()
         self.counters.registry.register(StorageCollector(self.stats, self._stored))
         self.directory = Directory(store, clock)
+        self.dialer = ClusterDialer(config)  # the relay's and dead letters' calls
+        self.counters.subscription_dropped.set_function(
+            lambda: sum(d.dropped for t in self.topics.values() for d in t.subscriptions.values())
+        )
+        self.counters.subscription_buffered_bytes.set_function(
+            lambda: sum(
+                d.buffered_bytes for t in self.topics.values() for d in t.subscriptions.values()
+            )
+        )
         self.topics: dict[str, ServedTopic] = {}
         self.producers: dict[int, ProducerEntry] = {}
         self.consumers: dict[int, ConsumerHandle] = {}
         self._timers: set[asyncio.TimerHandle] = set()
+        self._idle_subscriptions: dict[tuple[str, str], float] = {}  # see `expiry`
+        # Bytes held until stored, per topic and in total (SendMessage's backpressure).
+        self.budgets = ByteBudgets(
+            self.settings.topic_budget_bytes, self.settings.broker_budget_bytes
+        )
+        self._published: dict[str, dict[str, Any]] = {}  # pressure figures last written
         self._relays: dict[int, ConsumerRelay] = {}  # consumer id -> relay of a moved topic
         self._failed_loads: dict[str, UnassignedMarker | None] = {}  # assigned, not opened
         self._assigned: set[str] = set()  # what the broker asked us to serve
@@ -216,6 +236,7 @@ class DataPlaneHost:
             served = NonReliableServedTopic(topic, window=window, buffer=buffer, now=now)
             log.info("%s: serving non-reliable %s", self.broker_id, topic)
         served.on_failure = self._failed
+        served.buffer_bytes = self.settings.subscription_buffer_bytes
         self.topics[topic] = served
 
     def _failed(self, topic: str, why: str) -> None:
@@ -278,6 +299,7 @@ class DataPlaneHost:
                         self.directory,
                         self.broker_id,
                         self.settings.close_handshake_seconds,
+                        self.dialer,
                     )
                     self._relays[consumer.id] = relay
                     relay.start()
@@ -388,11 +410,48 @@ class DataPlaneHost:
                 handle.dispatcher.remove(handle)
         self._update_gauges()
 
+    async def expire_subscriptions(self) -> list[tuple[str, str]]:
+        """Remove subscriptions without consumers for `subscription_expiry_seconds`."""
+        after = self.settings.subscription_expiry_seconds
+        if not after:
+            return []
+        idle = [
+            (topic, name)
+            for topic, served in self.topics.items()
+            if served.accepting
+            for name, dispatcher in served.subscriptions.items()
+            if not dispatcher.consumers
+        ]
+        self._idle_subscriptions, due = expired(
+            self._idle_subscriptions, idle, self.clock.now(), after
+        )
+        for topic, name in due:
+            served = self.topics.get(topic)
+            if served is not None and await served.drop_subscription(name):
+                self.counters.subscriptions_expired.inc()
+                log.info("%s: subscription %s of %s expired", self.broker_id, name, topic)
+        return due
+
+    async def publish_pressure(self) -> int:
+        """Write the changed pressure figures of served topics (`server.pressure`)."""
+        written = 0
+        for name, served in list(self.topics.items()):
+            figures = topic_figures(served, self.budgets)
+            if figures is None or self._published.get(name) == figures:
+                continue
+            record = {**figures, "broker": self.broker_id, "timestamp": self.clock.now()}
+            await self.store.put(keys.topic_pressure(name), record)
+            self._published[name] = figures
+            written += 1
+        return written
+
     async def sweep_forever(self, every: float = 5.0) -> None:
         """Run `sweep` periodically, and retry opening topics that failed (a server task)."""
         while True:
             await self.clock.sleep(every)
             self.sweep()
+            await self.expire_subscriptions()
+            await self.publish_pressure()
             for topic, marker in list(self._failed_loads.items()):
                 if topic in self._assigned and topic not in self.topics:
                     await self.load(topic, marker)

@@ -50,6 +50,31 @@ class DataPlaneMetrics:
             "Messages moved to a dead-letter topic after their last allowed delivery",
             registry=r,
         )
+        self.acks_ignored = Counter(
+            "ballast_dataplane_acks_ignored",
+            "Acks for offsets never delivered to the subscription (ignored, not remembered)",
+            registry=r,
+        )
+        self.held_bytes = Gauge(
+            "ballast_dataplane_held_bytes",
+            "Bytes of messages received and not yet stored (against broker_budget_bytes)",
+            registry=r,
+        )
+        self.subscription_dropped = Gauge(
+            "ballast_dataplane_subscription_dropped",
+            "Non-reliable messages slow subscriptions dropped (full buffer), topics served now",
+            registry=r,
+        )
+        self.subscriptions_expired = Counter(
+            "ballast_dataplane_subscriptions_expired",
+            "Subscriptions removed after subscription_expiry_seconds without a consumer",
+            registry=r,
+        )
+        self.subscription_buffered_bytes = Gauge(
+            "ballast_dataplane_subscription_buffered_bytes",
+            "Bytes read ahead for subscriptions (each bounded by subscription_buffer_bytes)",
+            registry=r,
+        )
         self.producers = Gauge(
             "ballast_dataplane_producers", "Producers registered on this broker", registry=r
         )

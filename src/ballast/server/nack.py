@@ -269,7 +269,8 @@ class NackHandler:
             await asyncio.sleep(0.1)
 
     async def _send_remote(self, url: str, topic: str, message: Any) -> bool:
-        async with grpc.aio.insecure_channel(url) as channel:
+        dialer = self.host.dialer
+        async with dialer.channel(url) as channel:
             stub = pb_grpc.ProducerServiceStub(channel)
             try:
                 reply = await stub.CreateProducer(
@@ -280,9 +281,10 @@ class NackHandler:
                         dispatch_strategy=pb.Reliable,
                     ),
                     timeout=2.0,
+                    metadata=dialer.metadata(),
                 )
                 message.msg_id.producer_id = reply.producer_id
-                await stub.SendMessage(message, timeout=2.0)
+                await stub.SendMessage(message, timeout=2.0, metadata=dialer.metadata())
             except grpc.aio.AioRpcError as exc:
                 if exc.code() is grpc.StatusCode.UNAVAILABLE:
                     return False

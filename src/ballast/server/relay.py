@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 
 from ballast.model import TopicName
+from ballast.server.cluster_calls import ClusterDialer
 from ballast.server.directory import Directory
 from ballast.server.dispatch import ConsumerHandle, Delivery
 from ballast.server.protocol import SUBSCRIPTION_TYPES, pb, pb_grpc
@@ -53,8 +54,10 @@ class ConsumerRelay:
         directory: Directory,
         broker_id: str,
         deadline_seconds: float,
+        dialer: ClusterDialer,
     ) -> None:
         self.handle = handle
+        self.dialer = dialer
         self.topic = topic
         self.subscription = handle.dispatcher.name
         self.directory = directory
@@ -107,6 +110,7 @@ class ConsumerRelay:
         if not messages or self.stub is None:
             return
         stub = self.stub
+        metadata = self.dialer.metadata()
         requests = [
             pb.NackRequest(msg_id=m.msg_id, subscription_name=self.subscription, delay_ms=0)
             for m in messages
@@ -116,7 +120,7 @@ class ConsumerRelay:
             await asyncio.sleep(GIVE_BACK_AFTER)  # after the stream's end reached the owner
             for request in requests:
                 with contextlib.suppress(grpc.aio.AioRpcError):
-                    await stub.Nack(request, timeout=RPC_TIMEOUT)
+                    await stub.Nack(request, timeout=RPC_TIMEOUT, metadata=metadata)
 
         task = asyncio.create_task(nack_all(), name=f"relay{self.topic}/give-back")
         self._give_backs.add(task)
@@ -143,11 +147,13 @@ class ConsumerRelay:
             subscription_type=_WIRE_TYPE[handle.dispatcher.sub_type],
             key_filters=list(handle.key_filters),
         )
-        async with grpc.aio.insecure_channel(owner.broker_url) as channel:
+        async with self.dialer.channel(owner.broker_url) as channel:
             stub = pb_grpc.ConsumerServiceStub(channel)
             while True:
                 try:
-                    reply = await stub.Subscribe(request, timeout=RPC_TIMEOUT)
+                    reply = await stub.Subscribe(
+                        request, timeout=RPC_TIMEOUT, metadata=self.dialer.metadata()
+                    )
                     break
                 except grpc.aio.AioRpcError as exc:
                     retry = exc.code() in (
@@ -162,7 +168,8 @@ class ConsumerRelay:
                 return
             self.stub = stub
             self._call = stub.ReceiveMessages(
-                pb.ReceiveRequest(consumer_id=reply.consumer_id), metadata=((RELAY_HEADER, "1"),)
+                pb.ReceiveRequest(consumer_id=reply.consumer_id),
+                metadata=((RELAY_HEADER, "1"), *self.dialer.metadata()),
             )
             try:
                 async for message in self._call:
@@ -191,11 +198,11 @@ class ConsumerRelay:
         stub = self.stub
         if stub is not None:
             with contextlib.suppress(grpc.aio.AioRpcError):
-                await stub.Ack(request, timeout=RPC_TIMEOUT)
+                await stub.Ack(request, timeout=RPC_TIMEOUT, metadata=self.dialer.metadata())
 
     async def nack(self, request: Any) -> None:
         """Pass a nack on to the new owner (best effort)."""
         stub = self.stub
         if stub is not None:
             with contextlib.suppress(grpc.aio.AioRpcError):
-                await stub.Nack(request, timeout=RPC_TIMEOUT)
+                await stub.Nack(request, timeout=RPC_TIMEOUT, metadata=self.dialer.metadata())

@@ -9,6 +9,7 @@ accepting calls and gives open streams a short grace period.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 
 import grpc
@@ -16,6 +17,7 @@ import grpc
 from ballast.aio import Served, cancel_and_wait
 from ballast.config import BallastConfig
 from ballast.server.host import DataPlaneHost
+from ballast.server.limits import DecodeInterceptor
 from ballast.server.protocol import pb_grpc
 from ballast.server.schemas import SchemaRegistryService, spb_grpc
 from ballast.server.security import interceptors, server_credentials
@@ -25,10 +27,17 @@ __all__ = ["DataPlaneServer", "split_url"]
 
 log = logging.getLogger(__name__)
 
-# Requests larger than the payload limit must still arrive, so that they get a clear
-# INVALID_ARGUMENT from the handler instead of gRPC's RESOURCE_EXHAUSTED (which the
-# client retries for ever).
+# What the gateway accepts and forwards (a broker refuses above its
+# `data_plane.max_request_bytes`).
 MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine only (``localhost``, 127.0.0.0/8, ``::1``)."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def split_url(url: str) -> tuple[str, int]:
@@ -58,15 +67,20 @@ class DataPlaneServer(Served):
     async def start(self) -> str:
         """Bind and start serving; returns the advertised ``host:port``."""
         counters = self.host.counters
+
+        def refused(rpc: str, reason: str) -> None:
+            counters.reject(rpc.rsplit("/", 1)[-1], reason)
+
+        limits = self.config.data_plane
         server = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+                ("grpc.max_receive_message_length", limits.max_request_bytes),
                 ("grpc.so_reuseport", 0),
             ],
-            # JWT tokens (`auth` section), checked before any handler runs.
-            interceptors=interceptors(
-                self.config, lambda rpc, code: counters.reject(rpc.rsplit("/", 1)[-1], code)
-            ),
+            maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
+            # Malformed protobuf refused first, then JWT tokens (`auth` section), checked
+            # before any handler runs.
+            interceptors=[DecodeInterceptor(refused), *interceptors(self.config, refused)],
         )
         address = f"{self.bind_host}:{self.bind_port}"
         credentials = server_credentials(self.config.tls)
@@ -97,6 +111,13 @@ class DataPlaneServer(Served):
             self.host.sweep_forever(), name=f"dataplane/{self.host.broker_id}/sweep"
         )
         log.info("%s: data plane serving on %s", self.host.broker_id, self.url)
+        if self.config.auth.mode == "none" and not is_loopback(self.bind_host):
+            log.warning(
+                "%s: data plane on %s accepts every request WITHOUT AUTHENTICATION "
+                "(auth.mode: none) on a non-loopback address; set auth.mode: jwt and tls",
+                self.host.broker_id,
+                self.url,
+            )
         return self.url
 
     async def stop(self) -> None:

@@ -29,9 +29,11 @@ import grpc
 from ballast.config import BallastConfig
 from ballast.metadata import keys
 from ballast.model import InvalidTopicName, TopicName
+from ballast.server.auth import AuthError, Binding, Permission, bind, check_bound
 from ballast.server.directory import Owner, partition_index
 from ballast.server.errors import RpcFailure, bad_input, not_served
 from ballast.server.host import DISPATCH_KEY, NON_RELIABLE, RELIABLE, DataPlaneHost
+from ballast.server.limits import check_message, check_name
 from ballast.server.nack import NackHandler
 from ballast.server.protocol import (
     CLIENT_CONSUMER,
@@ -44,6 +46,7 @@ from ballast.server.protocol import (
     pb,
     pb_grpc,
 )
+from ballast.server.quotas import QuotaCache, over_quota
 from ballast.server.relay import RELAY_HEADER
 from ballast.server.rpc import rpc
 from ballast.server.schemas import (
@@ -70,6 +73,18 @@ def _topic(value: str, what: str = "topic") -> TopicName:
         raise bad_input(f"{what}: {exc}", "bad_topic") from None
 
 
+def _owned(binding: Binding | None, needed: tuple[Permission, ...], what: str) -> None:
+    """PERMISSION_DENIED unless the caller owns the id (ids are no bearer credentials)."""
+    try:
+        check_bound(binding, needed, what)
+    except AuthError as exc:
+        raise RpcFailure(exc.code, exc.message, "not_owner") from None
+
+
+_PRODUCE = (Permission.PRODUCE,)
+_CONSUME = (Permission.CONSUME,)
+
+
 class DataPlaneService(
     pb_grpc.DiscoveryServicer,
     pb_grpc.ProducerServiceServicer,
@@ -86,6 +101,9 @@ class DataPlaneService(
         self.schemas = TopicSchemas(SchemaStore(host.store, host.clock), host.clock)
         self.nacks = NackHandler(host, host.clock)
         self.rpc_label = host.broker_id
+        self.budgets = host.budgets
+        self.quotas = QuotaCache(host.store, host.clock)
+        host.counters.held_bytes.set_function(lambda: self.budgets.total)
 
     def refused(self, rpc: str, reason: str) -> None:
         """Count a refused request (`rpc`'s hook)."""
@@ -148,8 +166,7 @@ class DataPlaneService(
     @rpc("CreateProducer")
     async def CreateProducer(self, request: Any, context: Any) -> Any:
         topic = _topic(request.topic_name)
-        if not request.producer_name:
-            raise bad_input("producer_name: must not be empty", "bad_producer_name")
+        check_name(request.producer_name, "producer_name")
         strategy = _STRATEGY.get(request.dispatch_strategy)
         if strategy is None:
             raise bad_input(
@@ -162,9 +179,18 @@ class DataPlaneService(
             await self._not_here(topic, strategy, create=True)
             raise AssertionError("unreachable")
         self._check_strategy(topic, "reliable" if served.reliable else NON_RELIABLE, strategy)
+        if request.producer_name not in served.producers:
+            quotas = await self.quotas.get(topic.namespace)
+            over_quota(
+                topic.namespace,
+                "producers_per_topic",
+                len(served.producers),
+                quotas.max_producers_per_topic,
+            )
         if request.HasField("schema_ref"):
             await producer_schema_check(self.schemas, topic, request.schema_ref)
         entry = served.add_producer(request.producer_name, self.host.clock.now())
+        entry.owner = bind(topic.namespace)  # a reconnect by name takes the id over
         self.host.add_producer(entry)
         return pb.ProducerResponse(
             request_id=request.request_id, producer_id=entry.id, producer_name=entry.name
@@ -201,12 +227,18 @@ class DataPlaneService(
                         "unknown_topic",
                     )
                 raise not_served(f"topic {topic} is not placed yet; retry")
-            if not self.settings.auto_create_topics:
+            quotas = await self.quotas.get(topic.namespace)
+            auto = quotas.auto_create_topics
+            if not (self.settings.auto_create_topics if auto is None else auto):
                 raise RpcFailure(
                     grpc.StatusCode.NOT_FOUND,
-                    f"topic {topic} does not exist and auto-creation is off",
+                    f"topic {topic} does not exist and auto-creation is off "
+                    f"({'the namespace policy' if auto is not None else 'the configuration'})",
                     "unknown_topic",
                 )
+            if quotas.max_topics:
+                count = await self.quotas.topic_count(topic.namespace)
+                over_quota(topic.namespace, "topics", count, quotas.max_topics)
             is_partition = partition_index(topic.name.rsplit("-part-", 1)[0], topic.name)
             if is_partition is None and await directory.partitions(topic):
                 raise RpcFailure(
@@ -238,17 +270,12 @@ class DataPlaneService(
                 f"not to {msg_id.topic_name!r}",
                 "producer_topic_mismatch",
             )
-        size = len(request.payload)
-        limit = self.settings.max_payload_bytes
-        if size > limit:
-            raise bad_input(
-                f"payload of {size} bytes exceeds the limit of {limit} bytes "
-                "(data_plane.max_payload_bytes)",
-                "payload_too_large",
-            )
+        _owned(entry.owner, _PRODUCE, f"producer {msg_id.producer_id}")
+        size = check_message(request, self.settings.max_message_bytes)
         entry.last_seen = self.host.clock.now()
         await send_check(self.schemas, entry.topic.name, request, self.host.counters)
-        await entry.topic.publish(request)
+        with self.budgets.hold(entry.topic.name, size):
+            await entry.topic.publish(request)
         self.host.counters.messages_in.inc()
         self.host.counters.bytes_in.inc(size)
         return pb.MessageResponse(request_id=request.request_id)
@@ -269,12 +296,12 @@ class DataPlaneService(
                 "(0 = Exclusive, 1 = Shared, 2 = Failover, 3 = KeyShared)",
                 "bad_subscription_type",
             )
-        if not request.consumer_name:
-            raise bad_input("consumer_name: must not be empty", "bad_consumer_name")
+        check_name(request.consumer_name, "consumer_name")
         served = self.host.topics.get(str(topic))
         if served is None or not served.accepting:
             await self._not_here(topic, None, create=False)
             raise AssertionError("unreachable")
+        await self._subscribe_quotas(topic, served, request.subscription, request.consumer_name)
         handle = await served.subscribe(
             request.subscription,
             sub_type,
@@ -282,10 +309,33 @@ class DataPlaneService(
             tuple(request.key_filters),
             self.host.clock.now(),
         )
+        handle.owner = bind(topic.namespace)  # a reconnect by name takes the stream over
         self.host.add_consumer(handle)
         await self.nacks.restore_holds(served, request.subscription)
         return pb.ConsumerResponse(
             request_id=request.request_id, consumer_id=handle.id, consumer_name=handle.name
+        )
+
+    async def _subscribe_quotas(
+        self, topic: TopicName, served: Any, subscription: str, consumer: str
+    ) -> None:
+        """A new subscription or consumer must fit the namespace's quotas."""
+        existing = served.subscriptions.get(subscription)
+        if existing is not None and consumer in existing.consumers:
+            return  # a reconnect
+        quotas = await self.quotas.get(topic.namespace)
+        if existing is None:
+            over_quota(
+                topic.namespace,
+                "subscriptions_per_topic",
+                len(served.subscriptions),
+                quotas.max_subscriptions_per_topic,
+            )
+        over_quota(
+            topic.namespace,
+            "consumers_per_topic",
+            len(served.consumers()),
+            quotas.max_consumers_per_topic,
         )
 
     async def ReceiveMessages(self, request: Any, context: Any) -> AsyncIterator[Any]:
@@ -300,6 +350,12 @@ class DataPlaneService(
                 grpc.StatusCode.NOT_FOUND,
                 f"consumer {request.consumer_id} is not registered on this broker",
             )
+            return
+        try:
+            check_bound(handle.owner, _CONSUME, f"consumer {request.consumer_id}")
+        except AuthError as exc:
+            self.host.counters.reject("ReceiveMessages", "not_owner")
+            await context.abort(exc.code, exc.message)
             return
         queue = handle.attach()
         handle.last_seen = self.host.clock.now()
@@ -324,7 +380,9 @@ class DataPlaneService(
         msg_id = request.msg_id
         served = self.host.topics.get(msg_id.topic_name)
         if served is not None:
-            await served.ack(request.subscription_name, msg_id.topic_offset)
+            if not await served.ack(request.subscription_name, msg_id.topic_offset):
+                # Answered OK like any unknown ack; counted, never remembered.
+                self.host.counters.acks_ignored.inc()
         else:
             relay = self.host.relay_for(msg_id.topic_name, request.subscription_name)
             if relay is not None:
@@ -352,12 +410,14 @@ class DataPlaneService(
             entry = self.host.producers.get(request.id)
             if entry is None:
                 return pb.HealthCheckResponse(status=HEALTH_CLOSE)
+            _owned(entry.owner, _PRODUCE, f"producer {request.id}")
             entry.last_seen = now
             return pb.HealthCheckResponse(status=HEALTH_OK)
         if request.client == CLIENT_CONSUMER:
             handle = self.host.consumers.get(request.id)
             if handle is None:
                 return pb.HealthCheckResponse(status=HEALTH_CLOSE)
+            _owned(handle.owner, _CONSUME, f"consumer {request.id}")
             if handle.closing:
                 self.host.on_close_sent(handle)
                 return pb.HealthCheckResponse(status=HEALTH_CLOSE)

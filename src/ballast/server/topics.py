@@ -22,6 +22,7 @@ from typing import Any
 
 from ballast.aio import cancel_and_wait
 from ballast.model import TopicLoad
+from ballast.server.auth import Binding
 from ballast.server.dispatch import ConsumerHandle, Delivery, SubscriptionDispatcher, new_id
 from ballast.server.errors import not_served
 from ballast.server.protocol import pb
@@ -71,12 +72,15 @@ class ProducerEntry:
     name: str
     topic: ServedTopic
     last_seen: float
+    owner: Binding | None = None  # who may use the id (see `auth.Binding`)
 
 
 class ServedTopic(abc.ABC):
     """What every served topic has: producers, subscriptions, counters, a state."""
 
     reliable: bool = False
+    # Per subscription, read ahead in bytes (set by the host from `data_plane`).
+    buffer_bytes: int = 16 * 1024 * 1024
 
     def __init__(self, name: str, *, window: int, buffer: int, now: float) -> None:
         self.name = name
@@ -141,17 +145,26 @@ class ServedTopic(abc.ABC):
     async def _open_subscription(self, name: str, sub_type: str) -> SubscriptionDispatcher:
         """Create the dispatcher of a subscription (reliable: from its persisted cursor)."""
 
-    async def ack(self, subscription: str, offset: int) -> None:
-        """Acknowledge one message of `subscription` (unknown ones are fine)."""
+    async def ack(self, subscription: str, offset: int) -> bool:
+        """Acknowledge one message of `subscription`; False: ignored as never delivered."""
         dispatcher = self.subscriptions.get(subscription)
-        if dispatcher is not None:
-            dispatcher.ack(offset)
+        return dispatcher is None or dispatcher.ack(offset)
 
     def nack(self, subscription: str, offset: int, delay_seconds: float) -> None:
         """Redeliver one message of `subscription` after the delay."""
         dispatcher = self.subscriptions.get(subscription)
         if dispatcher is not None:
             dispatcher.nack(offset, delay_seconds)
+
+    async def drop_subscription(self, name: str) -> bool:
+        """Remove an expired subscription and its buffers, unless a consumer came back."""
+        async with self._lock:
+            dispatcher = self.subscriptions.get(name)
+            if dispatcher is None or dispatcher.consumers:
+                return False
+            del self.subscriptions[name]
+            dispatcher.close()
+            return True
 
     def consumers(self) -> list[ConsumerHandle]:
         """Every consumer of every subscription."""
@@ -232,7 +245,12 @@ class NonReliableServedTopic(ServedTopic):
 
     async def _open_subscription(self, name: str, sub_type: str) -> SubscriptionDispatcher:
         return SubscriptionDispatcher(
-            name, sub_type, window=self.window, reliable=False, buffer=self.buffer
+            name,
+            sub_type,
+            window=self.window,
+            reliable=False,
+            buffer=self.buffer,
+            buffer_bytes=self.buffer_bytes,
         )
 
 
@@ -304,6 +322,7 @@ class ReliableServedTopic(ServedTopic):
             reliable=True,
             buffer=self.buffer,
             start_cursor=start - 1,
+            buffer_bytes=self.buffer_bytes,
         )
         self._persisted[name] = start - 1
         self._readers[name] = asyncio.create_task(
@@ -358,12 +377,14 @@ class ReliableServedTopic(ServedTopic):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, READ_RETRY_MAX_SECONDS)
 
-    async def ack(self, subscription: str, offset: int) -> None:
+    async def ack(self, subscription: str, offset: int) -> bool:
         dispatcher = self.subscriptions.get(subscription)
         if dispatcher is None:
-            return
-        dispatcher.ack(offset)
+            return True
+        if not dispatcher.ack(offset):
+            return False
         await self._persist(dispatcher)
+        return True
 
     async def _persist(self, dispatcher: SubscriptionDispatcher) -> None:
         if dispatcher.cursor > self._persisted.get(dispatcher.name, -1) and self.accepting:
@@ -376,6 +397,18 @@ class ReliableServedTopic(ServedTopic):
             return 0
         slowest = min(d.cursor for d in self.subscriptions.values())
         return max(0, self.storage.next_offset - 1 - slowest)
+
+    async def drop_subscription(self, name: str) -> bool:
+        """Also stop its reader and delete its cursor."""
+        if not await super().drop_subscription(name):
+            return False
+        reader = self._readers.pop(name, None)
+        if reader is not None:
+            await cancel_and_wait(reader)
+        self._persisted.pop(name, None)
+        if self.accepting:
+            await self.storage.unsubscribe(name)
+        return True
 
     async def _seal(self) -> SealedState | None:
         """Seal within `SEAL_WAIT_SECONDS`; otherwise hand the topic over unsealed.

@@ -50,6 +50,8 @@ class StorageConfig:
     fsync_interval_seconds: float = 1.0
     segment_bytes: int = 64 * MiB
     cache_messages: int = 8192
+    # The read cache is bounded in bytes too (payload + key): big messages fill it first.
+    cache_bytes: int = 32 * MiB
     retention_seconds: float = 600.0
     index_interval_bytes: int = 64 * 1024
     read_batch_bytes: int = 1 * MiB
@@ -88,6 +90,7 @@ class StorageConfig:
             "fsync_interval_seconds": self.fsync_interval_seconds,
             "segment_bytes": self.segment_bytes,
             "cache_messages": self.cache_messages,
+            "cache_bytes": self.cache_bytes,
             "index_interval_bytes": self.index_interval_bytes,
             "read_batch_bytes": self.read_batch_bytes,
             "upload_interval_seconds": self.upload_interval_seconds,

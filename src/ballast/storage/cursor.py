@@ -96,6 +96,14 @@ class SubscriptionCursors:
         cursor = self._cursors.setdefault(subscription, _Cursor(offset, offset))
         return cursor.acked
 
+    async def forget(self, subscription: str) -> None:
+        """Drop the subscription's cursor, in memory and in the store (it expired)."""
+        async with self._lock:
+            self._cursors.pop(subscription, None)
+            await self._metadata.delete_prefix(
+                f"{keys.subscriptions_prefix(self.topic)}{subscription}/"
+            )
+
     def get(self, subscription: str) -> int | None:
         """The in-memory cursor, without touching the store."""
         cursor = self._cursors.get(subscription)

@@ -535,6 +535,12 @@ class ReliableTopic:
             )
         self._cursors.ack(subscription, offset)
 
+    async def unsubscribe(self, subscription: str) -> None:
+        """Forget the subscription: its cursor (and what else is kept under its key)."""
+        self._require_open("unsubscribe")
+        assert self._cursors is not None
+        await self._cursors.forget(subscription)
+
     def cursor(self, subscription: str) -> int | None:
         """The subscription's last acked offset as known in memory."""
         return self._cursors.get(subscription) if self._cursors is not None else None

@@ -247,6 +247,7 @@ class WriteAheadLog:
         self._io_lock = asyncio.Lock()
         self._cache: list[Record] = []
         self._cache_start = 0
+        self._cache_bytes = 0  # payload + key bytes of the cached records
         self._uploaded = -1
         self._unuploaded_bytes = 0
         self._upload_trigger: Callable[[], None] | None = None
@@ -545,6 +546,7 @@ class WriteAheadLog:
             raise WalError(f"{self.name}: stop the WAL before destroying it")
         self._segments.clear()
         self._cache.clear()
+        self._cache_bytes = 0
         await asyncio.to_thread(shutil.rmtree, self.directory, True)
 
     # -- appends ---------------------------------------------------------------------------
@@ -713,6 +715,31 @@ class WriteAheadLog:
             await asyncio.to_thread(_fsync_dir, self.directory)
         self._segments.append(_Segment(path, base))
 
+    def _trim_cache(self) -> None:
+        """Keep the cache within its count and byte bounds, trimming in bulk (to half the
+        byte budget) rather than per batch."""
+        config = self._config
+        overflow = len(self._cache) - config.cache_messages
+        if overflow <= config.cache_messages and self._cache_bytes <= config.cache_bytes:
+            return
+        drop = max(overflow, 0)
+        freed = sum(r.size for r in self._cache[:drop])
+        while drop < len(self._cache) - 1 and self._cache_bytes - freed > config.cache_bytes // 2:
+            freed += self._cache[drop].size
+            drop += 1
+        self._drop_cached(drop)
+
+    def _drop_cached(self, count: int) -> None:
+        """Forget the `count` oldest cached records."""
+        self._cache_bytes -= sum(r.size for r in self._cache[:count])
+        del self._cache[:count]
+        self._cache_start += count
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes (payload + key) of the records in the read cache."""
+        return self._cache_bytes
+
     def _commit(self, batch: _Batch) -> None:
         segment = self._segments[-1]
         interval = self._config.index_interval_bytes
@@ -726,12 +753,11 @@ class WriteAheadLog:
         if not self._cache:
             self._cache_start = batch.records[0].offset
         self._cache.extend(batch.records)
-        overflow = len(self._cache) - self._config.cache_messages
-        if overflow > self._config.cache_messages:  # trim in bulk, not per batch
-            del self._cache[:overflow]
-            self._cache_start += overflow
+        added = sum(r.size for r in batch.records)
+        self._cache_bytes += added
+        self._trim_cache()
         self._stats.appended_records += len(batch.records)
-        self._stats.appended_bytes += sum(r.size for r in batch.records)
+        self._stats.appended_bytes += added
         self._stats.wal_batches += 1
         self._unuploaded_bytes += batch.nbytes
         if self._upload_trigger is not None:
@@ -837,8 +863,7 @@ class WriteAheadLog:
                 with contextlib.suppress(FileNotFoundError):
                     await asyncio.to_thread(self._gap_markers.pop(gap).unlink)
             if self._cache and self._cache_start < first:
-                del self._cache[: first - self._cache_start]
-                self._cache_start = first
+                self._drop_cached(first - self._cache_start)
             log.info(
                 "%s: retention deleted %d segment(s); first offset %d", self.name, deleted, first
             )
