@@ -282,6 +282,19 @@ class DataPlaneConfig(_Strict):
     max_deliveries: int = Field(0, ge=0)
     dead_letter_suffix: str = Field("-DLQ", pattern=r"^[A-Za-z0-9_.\-]{1,32}$")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        """`max_payload_bytes` (before the whole message counted) is read as the new name."""
+        if isinstance(data, dict) and "max_payload_bytes" in data:
+            if "max_message_bytes" in data:
+                raise ValueError(
+                    "max_payload_bytes is the old name of max_message_bytes: give only one"
+                )
+            data = dict(data)
+            data["max_message_bytes"] = data.pop("max_payload_bytes")
+        return data
+
 
 class StorageSettings(_Strict):
     """`storage`: where reliable topics keep their WAL (local) and objects (shared)."""

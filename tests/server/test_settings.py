@@ -17,6 +17,10 @@ def test_data_plane_and_storage_sections() -> None:
     assert config.data_plane.max_message_bytes < 4 * 1024 * 1024  # the client's receive limit
     with pytest.raises(ConfigError, match=r"data_plane\.max_message_bytes"):
         parse_config({"data_plane": {"max_message_bytes": 8 * 1024 * 1024}})
+    old_name = parse_config({"data_plane": {"max_payload_bytes": 1000}})  # still read
+    assert old_name.data_plane.max_message_bytes == 1000
+    with pytest.raises(ConfigError, match="give only one"):
+        parse_config({"data_plane": {"max_payload_bytes": 1, "max_message_bytes": 2}})
     with pytest.raises(ConfigError, match=r"storage\.fsync_policy"):
         parse_config({"storage": {"fsync_policy": "sometimes"}})
 
