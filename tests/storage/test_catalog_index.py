@@ -119,3 +119,23 @@ async def test_an_old_catalog_is_compacted_in_transactions_etcd_accepts(
             items = await collect(c.read(0, live=False))
             assert [i.offset for i in items] == list(range(602))
         await store.delete_prefix(keys.storage_topic_prefix(topic))
+
+
+async def test_a_new_owner_never_merges_what_the_index_holds(
+    tmp_path: Path, object_store: FsspecObjectStore, config: StorageConfig
+) -> None:
+    """The next owner merges the small objects its predecessor left as keys, never those
+    in the index object: merging an index entry again wrote a key that the index shadowed,
+    and the small objects it replaced were deleted (found by the fault suite)."""
+    config = replace(config, merge_objects=2, catalog_keys=8, max_object_bytes=1 << 20)
+    stats = StorageStats()
+    async with MemoryStore(FakeClock()) as store:
+        await run_uploads(tmp_path, store, object_store, config, 40, stats=stats)
+        catalog = await load_catalog(store, "/default/reliable_topic", objects=object_store)
+        assert catalog.indexed > 0  # small objects (by size) in the index
+        await run_uploads(tmp_path, store, object_store, replace(config, merge_grace_seconds=1e-6),
+                          10, stats=stats, broker="b", start=40)  # fmt: skip
+        async with make_topic("c", tmp_path, objects=object_store, metadata=store,
+                              clock=FakeClock(), config=config) as c:  # fmt: skip
+            items = await collect(c.read(0, live=False))
+            assert [i.offset for i in items] == list(range(50))

@@ -676,12 +676,15 @@ class Uploader:
 
 
 def _small_tail(catalog: ObjectCatalog | None, config: StorageConfig) -> list[ObjectDescriptor]:
-    """The catalog's trailing run of small objects (left by earlier owners), to merge."""
+    """The catalog's trailing run of small objects (left by earlier owners), to merge.
+
+    Only descriptor keys: what is in the index object stays as it is (a merge rewrites keys,
+    and an index entry merged again would shadow the merged object)."""
     if catalog is None:
         return []
     tail: list[ObjectDescriptor] = []
     limit = max(1, config.max_object_bytes // 4)
-    for descriptor in reversed(catalog.objects):
+    for descriptor in reversed(catalog.keyed):
         if descriptor.size >= limit or (tail and descriptor.end + 1 != tail[-1].start):
             break
         tail.append(descriptor)
