@@ -237,10 +237,11 @@ def ns_set_retention(
     elif policy.keeps_everything:
         _console().print(f"{namespace}: retention removed, everything is kept")
     else:
-        _console().print(
-            f"{namespace}: retention time {policy.time_seconds or '-'} s, "
-            f"size {policy.size_bytes or '-'} bytes"
+        time_limit = (
+            "no time limit" if policy.time_seconds is None else f"{policy.time_seconds:g} s"
         )
+        size_limit = "no size limit" if policy.size_bytes is None else f"{policy.size_bytes} bytes"
+        _console().print(f"{namespace}: keep at most {time_limit}, {size_limit} per topic")
 
 
 @domains_app.command("create")
