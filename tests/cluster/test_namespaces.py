@@ -167,3 +167,39 @@ def test_cli_bad_input_names_the_value() -> None:
         "orders/0x00000000_0x80000000",
         "orders/0x80000000_0xffffffff",
     ]
+
+
+async def test_set_retention_stores_the_policy_clears_it_and_names_bad_input() -> None:
+    from ballast.storage.retention import RetentionPolicy, load_policy
+
+    ns = await seeded()
+    policy = await ns.set_retention("orders", "7d", "10GiB")
+    assert policy == RetentionPolicy(7 * 86_400, 10 * 2**30)
+    assert await load_policy(ns.store, "orders") == policy  # what the owner reads
+    with pytest.raises(AdminError, match="invalid retention size '10 parsecs'"):
+        await ns.set_retention("orders", None, "10 parsecs")
+    assert await load_policy(ns.store, "orders") == policy  # a bad value changes nothing
+    await ns.set_retention("orders", None, None)  # no limit: keep everything again
+    assert (await load_policy(ns.store, "orders")).keeps_everything
+
+
+def test_cli_set_retention() -> None:
+    from typer.testing import CliRunner
+
+    from ballast.cli.main import app
+
+    runner = CliRunner()
+    mem = ("--etcd", "memory")
+    ok = runner.invoke(
+        app, ["admin", "namespaces", "set-retention", "orders", "--time", "12h", *mem, "--json"]
+    )
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.output) == {
+        "namespace": "orders",
+        "time_seconds": 43_200.0,
+        "size_bytes": None,
+    }
+    bad = runner.invoke(
+        app, ["admin", "namespaces", "set-retention", "orders", "--time", "7y", *mem]
+    )
+    assert bad.exit_code == 1 and "invalid retention time '7y'" in bad.output

@@ -207,6 +207,43 @@ def ns_anti_affinity(
         _console().print(f"{namespace}: anti-affinity group {group}")
 
 
+@namespaces_app.command("set-retention")
+def ns_set_retention(
+    namespace: NamespaceArg,
+    time: Annotated[
+        str | None,
+        typer.Option(
+            "--time", help="Keep at most this long, e.g. 7d, 12h, 2w (default: no limit)."
+        ),
+    ] = None,
+    size: Annotated[
+        str | None,
+        typer.Option("--size", help="Keep at most this much per topic, e.g. 10GiB, 500MB."),
+    ] = None,
+    etcd: EtcdOption = DEFAULT_ETCD,
+    as_json: JsonOption = False,
+) -> None:
+    """Bound how long and how much each reliable topic of NAMESPACE keeps in object storage.
+
+    The owner deletes the oldest objects beyond either limit, but never what a subscription
+    has not acknowledged yet (the slowest subscription holds retention back) and never the
+    newest object. Without --time and --size the limits are removed: keep everything.
+    """
+    policy = _run_admin(
+        etcd, None, lambda a: NamespaceAdmin(a).set_retention(namespace, time, size)
+    )
+    if as_json:
+        _emit({"namespace": namespace, **policy.to_dict()})
+    elif policy.keeps_everything:
+        _console().print(f"{namespace}: retention removed, everything is kept")
+    else:
+        time_limit = (
+            "no time limit" if policy.time_seconds is None else f"{policy.time_seconds:g} s"
+        )
+        size_limit = "no size limit" if policy.size_bytes is None else f"{policy.size_bytes} bytes"
+        _console().print(f"{namespace}: keep at most {time_limit}, {size_limit} per topic")
+
+
 @domains_app.command("create")
 def domain_create(
     domain: Annotated[str, typer.Argument(help="Failure-domain name.")],

@@ -25,6 +25,12 @@ from ballast.config import PlacementUnit, SplitAlgorithm
 from ballast.leader.view import ClusterView
 from ballast.metadata import Compare, Delete, Put, keys
 from ballast.model import BrokerId, ClusterSnapshot, ModelError, TopicName, validate_broker_id
+from ballast.storage.retention import (
+    RetentionError,
+    RetentionPolicy,
+    parse_retention_size,
+    parse_retention_time,
+)
 
 
 @dataclass(frozen=True)
@@ -331,6 +337,23 @@ class NamespaceAdmin:
         if not group or not isinstance(group, str) or "/" in group:
             raise AdminError(f"invalid anti-affinity group {group!r}: give a non-empty name")
         await self.store.put(keys.anti_affinity_group(_namespace(ns)), {"group": group})
+
+    async def set_retention(self, ns: str, time: str | None, size: str | None) -> RetentionPolicy:
+        """Set (or, with neither limit, clear) a namespace's storage retention; the owner
+        of each reliable topic applies it (`storage.retention`)."""
+        try:
+            policy = RetentionPolicy(
+                parse_retention_time(time) if time is not None else None,
+                parse_retention_size(size) if size is not None else None,
+            )
+        except RetentionError as exc:
+            raise AdminError(str(exc)) from None
+        key = keys.retention_policy(_namespace(ns))
+        if policy.keeps_everything:
+            await self.store.delete(key)
+        else:
+            await self.store.put(key, policy.to_dict())
+        return policy
 
     async def create_failure_domain(self, name: str, brokers: Iterable[str]) -> DomainInfo:
         try:

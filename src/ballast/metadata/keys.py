@@ -32,6 +32,7 @@ a foreign key instead of crashing.
 | `topic_schema(t)` | ``/topics/{ns}/{topic}/schema`` (`{subject, validation_policy, …}`) |
 | `subscription_redeliveries(t, s)` | ``/topics/{ns}/{topic}/subscriptions/{s}/redeliveries`` |
 | `dead_letter_policy(ns)` | ``/policies/dead_letter/{ns}`` (`{max_deliveries, …}`) |
+| `retention_policy(ns)` | ``/policies/retention/{ns}`` (`{time_seconds, size_bytes}`) |
 | `quota_policy(ns)` | ``/policies/quotas/{ns}`` (`{max_topics, …}`, see `server.quotas`) |
 | `SCHEMA_ID_COUNTER` | ``/schemas/next_id`` (`{next}`: allocated by compare-and-swap) |
 | `schema_subject(subj)` | ``/schemas/subjects/{subj}/meta`` (`{schema_id, compatibility}`) |
@@ -102,6 +103,7 @@ __all__ = [
     "quota_policy",
     "rebalancing_history",
     "register",
+    "retention_policy",
     "schema_id",
     "schema_subject",
     "schema_subject_prefix",
@@ -595,6 +597,11 @@ def topic_schema(topic: TopicLike) -> str:
 def subscription_redeliveries(topic: TopicLike, subscription: str) -> str:
     """Delivery counts of the nacked messages of a subscription (offset -> deliveries)."""
     return f"{subscriptions_prefix(topic)}{_subscription(subscription)}/redeliveries"
+
+
+def retention_policy(namespace: str) -> str:
+    """A namespace's retention of reliable-topic storage (time and size)."""
+    return f"{POLICIES_PREFIX}retention/{_namespace(namespace)}"
 
 
 def dead_letter_policy(namespace: str) -> str:

@@ -29,6 +29,7 @@ class StorageStats:
     upload_failures: int = 0  # failed attempts to write an object or commit a descriptor
     object_write_waits: int = 0  # object writes that waited for the broker's write pacer
     objects_merged: int = 0  # small committed objects rewritten into bigger ones
+    objects_released: int = 0  # objects deleted by the namespace's retention
     descriptors_indexed: int = 0  # descriptor keys moved into topics' index objects
     ack_timeouts: int = 0  # appends not committed to object storage in time (not acked)
     reader_retries: int = 0  # subscription readers restarted after a storage error

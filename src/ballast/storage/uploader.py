@@ -62,6 +62,13 @@ from ballast.storage.config import StorageConfig
 from ballast.storage.objects import ObjectBuilder, ObjectStore, ObjectStoreError, read_object
 from ballast.storage.pacing import WritePacer
 from ballast.storage.reservation import TopicClaim, TopicFencedError
+from ballast.storage.retention import (
+    RetentionError,
+    RetentionPolicy,
+    load_policy,
+    lowest_cursor,
+    releasable,
+)
 from ballast.storage.seal import Gap, gap_end_after
 from ballast.storage.stats import StorageStats
 from ballast.storage.wal import OffsetUnavailableError, WalClosedError, WriteAheadLog
@@ -163,6 +170,7 @@ class Uploader:
         self.stored_objects = len(catalog.objects) if catalog is not None else 0
         self.stored_bytes = catalog.size if catalog is not None else 0
         self._last_merge = clock.now()
+        self._last_retention = -math.inf
         self._garbage: deque[tuple[float, str]] = deque()  # (delete after, object), merged
         self._failing = False  # in an outage: log its end once
         wal.mark_uploaded(checkpoint)
@@ -279,6 +287,7 @@ class Uploader:
                     if self._keys > self._config.catalog_keys:
                         async with self._lock:
                             await self._compact()
+                    await self._retain_due()
                     await self._collect_garbage()
                 await self._wal.apply_retention()
                 delay = self._config.upload_retry_initial_seconds
@@ -602,6 +611,82 @@ class Uploader:
             self._keys -= len(chunk)
             self._stats.descriptors_indexed += len(chunk)
             log.debug("%s: %d descriptors moved into %s", self._name, len(chunk), name)
+
+    # -- retention (storage.retention) -------------------------------------------------------
+
+    async def _retain_due(self) -> None:
+        """Every upload interval, apply the namespace's retention policy (if any)."""
+        now = self._clock.now()
+        if now - self._last_retention < self._config.upload_interval_seconds:
+            return
+        self._last_retention = now
+        try:
+            policy = await load_policy(self._metadata, self.topic.namespace)
+        except RetentionError as exc:  # a malformed policy keeps everything, loudly
+            log.error("%s: retention not applied: %s", self._name, exc)
+            return
+        if policy.keeps_everything:
+            return
+        lowest = await lowest_cursor(self._metadata, self.topic)
+        async with self._lock:
+            await self._release(policy, lowest, now)
+
+    async def _release(self, policy: RetentionPolicy, lowest: int | None, now: float) -> None:
+        """Release the oldest objects `policy` lets go (up to `_INDEX_CHUNK` descriptor keys
+        a round; the next interval continues): the index object is rewritten without
+        them (written first), then the index key and the deletion of their descriptor keys
+        are committed in one fenced transaction; the objects are deleted after the grace."""
+        claim = self._claim
+        assert claim is not None
+        mine = ObjectCatalog(tuple(self._indexed), 0, self._index, len(self._indexed))
+        catalog = await load_catalog(
+            self._metadata, self.topic, self._stats, objects=self._objects, previous=mine
+        )
+        # Small objects still to be merged are never released (a merge rewrites their keys).
+        below = self._small[0].start if self._small else math.inf
+        described = [d for d in catalog.objects if d.start < below]
+        count = releasable(described, policy, now, lowest)
+        if count == 0:
+            return
+        indexed = list(catalog.objects[: catalog.indexed])
+        from_index = min(count, len(indexed))
+        remaining = indexed[from_index:]
+        dropped_keys = described[from_index:count][:_INDEX_CHUNK]
+        released = described[: from_index + len(dropped_keys)]
+        ops: list[TxnOp] = [Delete(keys.storage_object(self.topic, d.start)) for d in dropped_keys]
+        index = self._index
+        if from_index:
+            index = None
+            if remaining:
+                name = index_name(self.topic, remaining[-1].end)
+                data = encode_index(remaining)
+                await self._retrying(
+                    f"writing index {name}", functools.partial(self._objects.put, name, data)
+                )
+                index = CatalogIndex.of(name, remaining)
+                ops.insert(0, Put(keys.storage_index(self.topic), index.to_dict()))
+            else:
+                ops.insert(0, Delete(keys.storage_index(self.topic)))
+        await self._retrying(
+            f"committing the release of {len(released)} objects",
+            functools.partial(claim.commit, ops),
+        )
+        after = self._clock.now() + self._config.merge_grace_seconds
+        if from_index and self._index is not None:  # readers may still be reading it
+            self._garbage.append((after, self._index.object_id))
+        self._index, self._indexed = index, remaining
+        self._keys -= len(dropped_keys)
+        self.stored_objects -= len(released)
+        self.stored_bytes -= sum(d.size for d in released)
+        self._garbage.extend((after, d.object_id) for d in released)
+        self._stats.objects_released += len(released)
+        log.info(
+            "%s: retention released %d objects (offsets %d..%d)",
+            self._name,
+            len(released),
+            released[0].start,
+            released[-1].end,
+        )
 
     async def _records(self, group: list[ObjectDescriptor]) -> list[Record]:
         """The records of `group`: from the local WAL, else from the objects themselves."""
