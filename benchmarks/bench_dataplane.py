@@ -529,6 +529,7 @@ async def ack_modes(procs: Procs, tmp: Path, duration: float) -> dict[str, Any]:
         out[backend]["durable_share_of_local_32"] = round(
             durable["msg_per_s"] / local["msg_per_s"], 3
         )
+    return out
 
 
 def rss_bytes(pid: int) -> int:
