@@ -146,6 +146,19 @@ class Procs:
                 proc.kill()
 
 
+def write_config(path: Path, storage: dict[str, Any], **sections: Any) -> Path:
+    """A benchmark broker's config file: quick reports, no history; `sections` override."""
+    path.write_text(yaml.safe_dump({
+        "load_manager": {"load_report_interval_seconds": 1, "assignment_strategy": "fair"},
+        "broker": {"registration_ttl_seconds": 10, "leader_ttl_seconds": 10},
+        "history": {"enabled": False},
+        "metrics": {"enabled": False},
+        "storage": storage,
+        **sections,
+    }))  # fmt: skip
+    return path
+
+
 async def start_broker(
     procs: Procs, etcd: str, config: Path, broker_id: str
 ) -> asyncio.subprocess.Process:
@@ -496,19 +509,14 @@ async def ack_modes(procs: Procs, tmp: Path, duration: float) -> dict[str, Any]:
         for mode in ("durable", "local"):
             broker_id = f"ack-{backend}-{mode}"
             metrics_port = free_port()
-            config = tmp / f"{broker_id}.yaml"
-            config.write_text(yaml.safe_dump({
-                "load_manager": {"load_report_interval_seconds": 1},
-                "broker": {"registration_ttl_seconds": 10, "leader_ttl_seconds": 10},
-                "history": {"enabled": False},
-                "metrics": {"enabled": True, "port": metrics_port},
-                "storage": {"data_dir": str(tmp / broker_id), "ack": mode, **storage},
-            }))  # fmt: skip
+            config = write_config(
+                tmp / f"{broker_id}.yaml",
+                {"data_dir": str(tmp / broker_id), "ack": mode, **storage},
+                metrics={"enabled": True, "port": metrics_port},
+            )
             with EtcdServer() as server:
                 async with EtcdStore(server.client_url) as store:
-                    before = len(procs.procs)
-                    await start_broker(procs, server.client_url, config, broker_id)
-                    proc = procs.procs[before]
+                    proc = await start_broker(procs, server.client_url, config, broker_id)
                     url = await broker_url(store, broker_id)
                     metrics = f"http://127.0.0.1:{metrics_port}/metrics"
                     results: dict[str, Any] = {}
@@ -592,15 +600,11 @@ async def slow_consumer(args: argparse.Namespace) -> dict[str, Any]:
     budget = 16 * 1024 * 1024
     procs = Procs()
     tmp = Path(tempfile.mkdtemp(prefix="bench-slow-"))
-    config = tmp / "broker.yaml"
-    config.write_text(yaml.safe_dump({
-        "load_manager": {"load_report_interval_seconds": 1, "assignment_strategy": "fair"},
-        "broker": {"registration_ttl_seconds": 10, "leader_ttl_seconds": 10},
-        "history": {"enabled": False},
-        "metrics": {"enabled": False},
-        "storage": {"data_dir": str(tmp / "data")},
-        "data_plane": {"subscription_buffer_bytes": budget},
-    }))  # fmt: skip
+    config = write_config(
+        tmp / "broker.yaml",
+        {"data_dir": str(tmp / "data")},
+        data_plane={"subscription_buffer_bytes": budget},
+    )
     out: dict[str, Any] = {"payload_bytes": len(PAYLOAD), "duration_s": args.duration,
                            "subscription_buffer_bytes": budget}  # fmt: skip
     try:
@@ -632,14 +636,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"payload_bytes": len(PAYLOAD), "duration_s": args.duration}
     procs = Procs()
     tmp = Path(tempfile.mkdtemp(prefix="bench-dataplane-"))
-    config = tmp / "broker.yaml"
-    config.write_text(yaml.safe_dump({
-        "load_manager": {"load_report_interval_seconds": 1, "assignment_strategy": "fair"},
-        "broker": {"registration_ttl_seconds": 10, "leader_ttl_seconds": 10},
-        "history": {"enabled": False},
-        "metrics": {"enabled": False},
-        "storage": {"data_dir": str(tmp / "data")},
-    }))  # fmt: skip
+    config = write_config(tmp / "broker.yaml", {"data_dir": str(tmp / "data")})
     try:
         if args.only_ack_modes:
             out["ack_modes"] = await ack_modes(procs, tmp, args.duration)
