@@ -42,6 +42,7 @@ from ballast.leader import (
     Write,
     WriteDone,
 )
+from ballast.leader.perform import WRITES_IN_FLIGHT, ReadyQueue, refreshed
 from ballast.leader.view import ClusterView
 from ballast.load_history import HistoryWriter
 from ballast.metadata import (
@@ -54,9 +55,6 @@ from ballast.metadata import (
 )
 
 log = logging.getLogger(__name__)
-
-# Writes of one `Ready` performed at once (they touch disjoint keys).
-WRITES_IN_FLIGHT = 16
 
 
 class Resync(Exception):
@@ -236,17 +234,13 @@ class LeaderSession:
 
     async def perform(self, ready: Ready) -> None:
         """Perform `ready` and every `Ready` the outcomes of its writes produce, in order."""
-        queue: deque[Ready] = deque([ready])
-        while queue:
-            current = queue.popleft()
+        queue = ReadyQueue(self.machine, ready, WRITES_IN_FLIGHT)
+        for current in queue:
             self.steps += 1
             if current.decision is not None:
                 self.last_decision = current.decision
-            for start in range(0, len(current.writes), WRITES_IN_FLIGHT):
-                chunk = current.writes[start : start + WRITES_IN_FLIGHT]
-                outcomes = await asyncio.gather(*(self._perform_write(w) for w in chunk))
-                for outcome in outcomes:  # fed back in the order the writes were asked for
-                    queue.append(self.machine.step(outcome))
+            for batch in queue.batches(current):
+                queue.feed(await asyncio.gather(*(self._perform_write(w) for w in batch)))
             if current.rankings is not None:
                 await self._fenced([Put(keys.LOAD_BALANCE, current.rankings.payload)])
             for record in current.history:
@@ -294,10 +288,7 @@ class LeaderSession:
                 log.warning("%s: %s", self.manager.name, exc)
                 out.append(Refreshed(key, undecodable=True))
                 continue
-            if kv is None:
-                out.append(Refreshed(key, present=False))
-            else:
-                out.append(Refreshed(key, kv.value, kv.mod_revision))
+            out.append(refreshed(key, kv))
         return tuple(out)
 
     def _metric(self, delta: MetricDelta) -> None:

@@ -367,3 +367,12 @@ class StoreCore:
         for key in sorted(state.keys):
             self._apply_delete(key, revision, events)
         self._commit(events)
+
+
+def watch_log(core: StoreCore) -> list[WatchEvent]:
+    """A list that receives every change committed to `core` from now on, as watch events:
+    what a synchronous driver (the simulator, the scripted tests) reads in place of a
+    watch, by position."""
+    events: list[WatchEvent] = []
+    core.listen(lambda changes: events.extend(e.watch_event() for e in changes))
+    return events

@@ -1,15 +1,16 @@
 """The virtual-time simulator: the leader's own state machine on a simulated cluster.
 
-A `SimStore` (synchronous, etcd's revision and compare semantics) holds the cluster's
-keys; simulated brokers register, publish load reports, serve what is assigned to them
-and seal (instantly) what is taken away; the leader is `LeaderMachine`, the very policy
-the live leader runs (failover, drain, placement, the two phases of a move, rebalancing
-with Danube's rule or a Pulsar shedder, bundle placement and automatic bundle splits),
-fed the store's changes and a tick per step, its writes performed on the store. Each step
-(one rebalancing check interval of virtual time) applies the scenario's events, publishes
-fresh load reports and lets the cluster settle. Hours of rebalancing take seconds and the
-result is deterministic for a seed. `Simulator.inputs` records every event fed to the
-machine, so a run can be replayed into the live leader's machine.
+A `StoreCore` (the synchronous core of `MemoryStore`: etcd's revisions, transactions and
+watch events) holds the cluster's keys; simulated brokers register, publish load reports,
+serve what is assigned to them and seal (instantly) what is taken away; the leader is
+`LeaderMachine`, the very policy the live leader runs (failover, drain, placement, the two
+phases of a move, rebalancing with Danube's rule or a Pulsar shedder, bundle placement and
+automatic bundle splits), fed the store's changes and a tick per step, its writes performed
+on the store as the live shell performs them (`leader.perform`). Each step (one
+rebalancing check interval of virtual time) applies the scenario's events, publishes fresh
+load reports and lets the cluster settle. Hours of rebalancing take seconds and the result
+is deterministic for a seed. `Simulator.inputs` records every event fed to the machine, so
+a run can be replayed into the live leader's machine.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from ballast.balance.rebalance import active_scores
 from ballast.config import BallastConfig
 from ballast.leader import Bootstrap, LeaderMachine, Ready, Tick, Watched
 from ballast.leader import Event as MachineEvent
+from ballast.leader.perform import drive
 from ballast.leader.records import Registration, TopicMeta, claim_ops, parse_assignment_value
 from ballast.metadata import Put, keys
+from ballast.metadata.core import StoreCore, watch_log
 from ballast.model import (
     Assignment,
     BrokerId,
@@ -43,7 +46,6 @@ from ballast.model import (
     UnassignedMarker,
 )
 from ballast.simulate.scenario import BrokerSpec, Event, GrowSpec, Scenario, TopicSpec
-from ballast.simulate.store import SimStore, drive
 
 EPOCH = 1_700_000_000.0  # virtual time starts here; scenario times are offsets
 LEADER = "sim-leader"
@@ -115,7 +117,9 @@ class Simulator:
         self.lm = scenario.load_manager
         self.config = BallastConfig(load_manager=scenario.load_manager)
         self.rng = np.random.default_rng(scenario.seed)
-        self.store = SimStore()
+        self.now = EPOCH
+        self.store = StoreCore(lambda: self.now)
+        self.events = watch_log(self.store)  # every change, read by the brokers and the leader
         # Rankings are posted once per timeline sample: nobody reads them in between.
         self.machine = LeaderMachine(
             LEADER, 1, self.config, rankings_interval=scenario.sample_every_seconds
@@ -126,7 +130,6 @@ class Simulator:
         self.states: dict[BrokerId, BrokerState] = {}
         self.assignments: dict[BrokerId, list[str]] = {}
         self.topics: dict[str, _Topic] = {}
-        self.now = EPOCH
         self.result = SimResult(scenario)
         self._watched = 0  # store events delivered to the leader
         self._reacted = 0  # store events the brokers have acted on
@@ -222,15 +225,14 @@ class Simulator:
 
     def _publish_reports(self) -> None:
         for broker in sorted(self.brokers):
-            # The report object itself: a simulated store has no wire to encode it for.
-            self.store.put(keys.load(broker), self._report(broker))
+            self.store.put(keys.load(broker), self._report(broker).to_dict())
 
     # --- the brokers' side: serve what is assigned, seal what is taken away -------------
 
     def _brokers_react(self) -> None:
         """Apply the store's changes the brokers have not seen yet (their own included)."""
-        while self._reacted < len(self.store.events):
-            event = self.store.events[self._reacted]
+        while self._reacted < len(self.events):
+            event = self.events[self._reacted]
             self._reacted += 1
             key = event.key
             if key.startswith(keys.BROKERS_PREFIX) and not keys.is_broker_state_key(key):
@@ -286,17 +288,17 @@ class Simulator:
             self._step(event)
         while True:
             self._brokers_react()
-            if self._watched == len(self.store.events):
+            if self._watched == len(self.events):
                 return
-            pending = tuple(self.store.events[self._watched :])
-            self._watched = len(self.store.events)
+            pending = tuple(self.events[self._watched :])
+            self._watched = len(self.events)
             self._step(Watched(pending, self.now))
 
     @property
     def layouts(self) -> dict[str, NamespaceBundles]:
         """The bundle layouts stored so far (namespaces the leader has split)."""
         out: dict[str, NamespaceBundles] = {}
-        for kv in self.store.listing(keys.BUNDLES_PREFIX).items:
+        for kv in self.store.get_prefix(keys.BUNDLES_PREFIX).items:
             try:
                 out[keys.parse_bundles_key(kv.key)] = NamespaceBundles.from_dict(kv.value)
             except (BundleError, ValueError):
@@ -341,9 +343,9 @@ class Simulator:
             self._create_topics(t)
         self._brokers_react()
         self._publish_reports()
-        self._watched = len(self.store.events)  # the listing covers them
-        cluster = self.store.listing(keys.CLUSTER_PREFIX)
-        topics = self.store.listing(keys.TOPICS_PREFIX)
+        self._watched = len(self.events)  # the listing covers them
+        cluster = self.store.get_prefix(keys.CLUSTER_PREFIX)
+        topics = self.store.get_prefix(keys.TOPICS_PREFIX)
         self._pump(Bootstrap(cluster, topics, self.now))
         self.result.initial_topics = {b: len(ts) for b, ts in sorted(self.assignments.items())}
         events = sorted(sc.events, key=lambda e: e.at)
