@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
 from typing import Any
 
 from ballast.clock import Clock
@@ -34,7 +33,8 @@ from ballast.cluster.metrics import ClusterMetrics
 from ballast.cluster.resources import PsutilSampler, ResourceSampler
 from ballast.cluster.service import Service, keep_alive, watching
 from ballast.config import BallastConfig
-from ballast.leader.records import Registration, parse_assignment_value, release_ops
+from ballast.leader.broker_machine import Bounce, BrokerEffect, BrokerMachine, Load, Unload
+from ballast.leader.records import Registration, release_ops
 from ballast.metadata import (
     Compare,
     Lease,
@@ -99,14 +99,23 @@ class BrokerNode(Service):
         )
         self.retry_delay = retry_delay
         self.lease: Lease | None = None
-        self.mode = BrokerMode.ACTIVE
-        self.serving: set[str] = set()
+        # What a change of our prefix means is decided there; this shell performs it.
+        self.machine = BrokerMachine(self.broker_id, registered=False)
         self.registered = asyncio.Event()
         self.reports_published = 0
         self._host_lock = asyncio.Lock()
         self._unsealed: dict[str, str] = {}  # topic -> why the host could not seal it
         self._resync = asyncio.Event()
         self._retry_scheduled = False
+
+    @property
+    def mode(self) -> BrokerMode:
+        return self.machine.mode
+
+    @property
+    def serving(self) -> set[str]:
+        """The topics the host serves for us."""
+        return self.machine.serving
 
     def _loop_error(self, loop: str, exc: BaseException) -> None:
         """Log and count a failure a supervised loop survives."""
@@ -149,6 +158,7 @@ class BrokerNode(Service):
             self.serving.clear()
         lease, self.lease = self.lease, None
         self.registered.clear()
+        self.machine.registered = False
         if lease is not None:
             try:
                 await self.store.revoke_lease(lease.id)
@@ -162,6 +172,7 @@ class BrokerNode(Service):
         await self.store.put(keys.register(self.broker_id), self.registration.to_dict(), lease.id)
         self.lease = lease
         self.registered.set()
+        self.machine.registered = True
         log.info("%s: registered (lease %d)", self.name, lease.id)
 
     async def _session_loop(self) -> None:
@@ -171,11 +182,13 @@ class BrokerNode(Service):
                 await keep_alive(lease, self.name)
             # Lost: the leader may already be reassigning our topics; stop serving them now.
             self.registered.clear()
+            self.machine.registered = False
             self.lease = None
             log.warning("%s: registration lost; dropping %d topics", self.name, len(self.serving))
             async with self._host_lock:
                 for topic in sorted(self.serving):
-                    await self._unload(topic)
+                    self.serving.discard(topic)
+                    await self._unload(topic, serving=True)
             while self.lease is None:
                 try:
                     await self._register()
@@ -259,7 +272,7 @@ class BrokerNode(Service):
         assigned: dict[str, tuple[str, object, int]] = {}
         for kv in listing.items:
             if kv.key == keys.broker_state(self.broker_id):
-                self._set_mode(kv.value)
+                await self._perform(self.machine.set_state(kv.value))
                 continue
             try:
                 _, name = keys.parse_assignment_key(kv.key)
@@ -276,74 +289,51 @@ class BrokerNode(Service):
                 continue
             assigned[str(name)] = (error.key, None, 0)
         for topic in sorted(self.serving - set(assigned)):
-            await self._on_unassigned(topic)
+            await self._perform(self.machine.unassigned(topic))
         for topic, (key, value, revision) in sorted(assigned.items()):
-            await self._on_assigned(topic, key, value, revision)
+            now = self.clock.now()
+            await self._perform(self.machine.assigned(topic, key, value, revision, now))
         await self._release_stale_markers()
 
     async def _on_event(self, event: WatchEvent) -> None:
-        if event.key == keys.broker_state(self.broker_id):
-            if event.kind == "delete":
-                self.mode = BrokerMode.ACTIVE
-            elif event.kind == "put":
-                self._set_mode(event.value)
-            return
-        try:
-            _, topic_name = keys.parse_assignment_key(event.key)
-        except ValueError:
-            self.metrics.reject("key")
-            log.warning("%s: ignoring foreign key %r", self.name, event.key)
-            return
-        topic = str(topic_name)
-        if event.kind == "put":
-            await self._on_assigned(topic, event.key, event.value, event.revision)
-        elif event.kind == "delete":
-            await self._on_unassigned(topic)
-        elif event.kind == "error":
-            self.metrics.reject("assignment")
-            log.warning("%s: bad assignment value: %s", self.name, event.error)
+        await self._perform(self.machine.watched(event, self.clock.now()))
 
-    def _set_mode(self, value: object) -> None:
-        try:
-            self.mode = BrokerState.from_dict(value).mode  # type: ignore[arg-type]
-        except ModelError as exc:
-            self.metrics.reject("broker_state")
-            log.warning("%s: bad state value, keeping %s: %s", self.name, self.mode, exc)
+    async def _perform(self, effects: list[BrokerEffect]) -> None:
+        """Perform what the machine decided, in order."""
+        for effect in effects:
+            if isinstance(effect, Load):
+                await self._load(effect)
+            elif isinstance(effect, Unload):
+                if await self._unload(effect.topic, effect.serving):
+                    await self._mark_ready(effect.topic)
+            elif isinstance(effect, Bounce):
+                result = await self.store.txn(effect.compares, effect.ops)
+                if result.succeeded:
+                    log.info(
+                        "%s: %s is draining; bounced %s", self.name, self.mode.value, effect.topic
+                    )
+            else:
+                self.metrics.reject(effect.kind)
+                log.warning("%s: %s", self.name, effect.message)
 
-    async def _on_assigned(self, topic: str, key: str, value: object, revision: int) -> None:
-        if topic in self.serving or not self.registered.is_set():
-            return
-        if self.mode is not BrokerMode.ACTIVE:
-            await self._bounce(topic, key, revision)
-            return
+    async def _load(self, effect: Load) -> None:
         try:
-            _, marker = parse_assignment_value(value)
-        except ModelError as exc:
-            self.metrics.reject("assignment")
-            log.warning("%s: bad assignment of %s (loading anyway): %s", self.name, topic, exc)
-            marker = None
-        try:
-            await self.host.load(topic, marker)
+            await self.host.load(effect.topic, effect.marker)
         except Exception as exc:
             self._loop_error("load", exc)
             self._retry_later()
             return
-        self.serving.add(topic)
-        log.debug("%s: loaded %s", self.name, topic)
+        self.machine.loaded(effect.topic)
+        log.debug("%s: loaded %s", self.name, effect.topic)
 
-    async def _on_unassigned(self, topic: str) -> None:
-        if await self._unload(topic):
-            await self._mark_ready(topic)
-
-    async def _unload(self, topic: str) -> bool:
-        """Stop serving `topic` (sealing it); False if the host failed to unload it.
+    async def _unload(self, topic: str, serving: bool) -> bool:
+        """Stop serving `topic` (sealing it, if `serving`); False if the host failed to.
 
         A topic the host handed over unsealed (`SealError`) counts as unloaded: its marker
         is made ready with ``unsealed`` saying why, not as if it had sealed.
         """
-        if topic not in self.serving:
+        if not serving:
             return True
-        self.serving.discard(topic)
         try:
             await self.host.unload(topic)
         except SealError as exc:
@@ -366,14 +356,13 @@ class BrokerNode(Service):
             if kv is None:
                 return
             try:
-                marker = UnassignedMarker.from_dict(kv.value)
+                ready = self.machine.ready_marker(kv.value, self._unsealed.get(topic))
             except ModelError as exc:
                 self.metrics.reject("marker")
                 log.warning("%s: bad marker for %s: %s", self.name, topic, exc)
                 return
-            if marker.from_broker != self.broker_id or marker.ready:
+            if ready is None:
                 return
-            ready = replace(marker, ready=True, unsealed=self._unsealed.get(topic)).to_dict()
             if await self.store.compare_and_swap(key, kv.mod_revision, ready):
                 log.debug("%s: %s sealed, marker ready", self.name, topic)
                 self._unsealed.pop(topic, None)
@@ -415,21 +404,6 @@ class BrokerNode(Service):
         )
         if result.succeeded:
             log.warning("%s: released %s: %s", self.name, topic, why)
-
-    async def _bounce(self, topic: str, key: str, revision: int) -> None:
-        """Send an assignment back: we are draining (one transaction, guarded)."""
-        marker = UnassignedMarker(
-            MarkerReason.DRAIN_REDIRECT,
-            from_broker=self.broker_id,
-            timestamp=self.clock.now(),
-            ready=True,
-        )
-        result = await self.store.txn(
-            [Compare.mod_revision_equals(key, revision), Compare.absent(keys.unassigned(topic))],
-            [*release_ops(self.broker_id, topic), Put(keys.unassigned(topic), marker.to_dict())],
-        )
-        if result.succeeded:
-            log.info("%s: %s is draining; bounced %s", self.name, self.mode.value, topic)
 
 
 async def _next_or_none(watch: object, stop: asyncio.Future[Any]) -> WatchEvent | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,8 +28,9 @@ from ballast.balance.rebalance import active_scores
 from ballast.config import BallastConfig
 from ballast.leader import Bootstrap, LeaderMachine, Ready, Tick, Watched
 from ballast.leader import Event as MachineEvent
+from ballast.leader.broker_machine import Bounce, BrokerEffect, BrokerMachine, Load, Unload
 from ballast.leader.perform import drive
-from ballast.leader.records import Registration, TopicMeta, claim_ops, parse_assignment_value
+from ballast.leader.records import Registration, TopicMeta, claim_ops
 from ballast.metadata import Put, keys
 from ballast.metadata.core import StoreCore, watch_log
 from ballast.model import (
@@ -40,7 +41,6 @@ from ballast.model import (
     ClusterSnapshot,
     LoadReport,
     MarkerReason,
-    ModelError,
     Move,
     TopicLoad,
     UnassignedMarker,
@@ -127,7 +127,7 @@ class Simulator:
         self.inputs: list[MachineEvent] = []
         self.outputs: list[Ready] = []
         self.brokers: dict[BrokerId, BrokerSpec] = {}
-        self.states: dict[BrokerId, BrokerState] = {}
+        self.machines: dict[BrokerId, BrokerMachine] = {}  # each broker's reactions
         self.assignments: dict[BrokerId, list[str]] = {}
         self.topics: dict[str, _Topic] = {}
         self.result = SimResult(scenario)
@@ -165,14 +165,14 @@ class Simulator:
         return ClusterSnapshot(
             brokers=live,
             reports={b: self._report(b) for b in live},
-            states={b: self.states[b] for b in live},
+            states={b: self.machines[b].state for b in live},
             assignments={b: tuple(self.assignments[b]) for b in live},
             topic_created={name: t.created for name, t in self.topics.items()},
         )
 
     def _add_broker(self, spec: BrokerSpec) -> None:
         self.brokers[spec.id] = spec
-        self.states[spec.id] = BrokerState()
+        self.machines.setdefault(spec.id, BrokerMachine(spec.id)).state = BrokerState()
         self.assignments.setdefault(spec.id, [])
         self.store.put(keys.register(spec.id), Registration(f"{spec.id}:6650").to_dict())
         self.store.put(keys.broker_state(spec.id), BrokerState().to_dict())
@@ -221,13 +221,13 @@ class Simulator:
             # The registration and the load report go with the lease.
             self.store.delete(keys.register(dead))
             self.store.delete(keys.load(dead))
-            del self.brokers[dead], self.states[dead], self.assignments[dead]
+            del self.brokers[dead], self.machines[dead], self.assignments[dead]
 
     def _publish_reports(self) -> None:
         for broker in sorted(self.brokers):
             self.store.put(keys.load(broker), self._report(broker).to_dict())
 
-    # --- the brokers' side: serve what is assigned, seal what is taken away -------------
+    # --- the brokers' side: `BrokerMachine`, sealing at once ----------------------------
 
     def _brokers_react(self) -> None:
         """Apply the store's changes the brokers have not seen yet (their own included)."""
@@ -235,27 +235,33 @@ class Simulator:
             event = self.events[self._reacted]
             self._reacted += 1
             key = event.key
-            if key.startswith(keys.BROKERS_PREFIX) and not keys.is_broker_state_key(key):
-                broker, name = keys.parse_assignment_key(key)
-                topic = str(name)
-                if broker not in self.brokers:
-                    continue
-                if event.kind == "put" and topic not in self.assignments[broker]:
-                    self.assignments[broker].append(topic)
-                    self._record(topic, broker, event.value)
-                elif event.kind == "delete" and topic in self.assignments[broker]:
-                    self.assignments[broker].remove(topic)
-                    self._seal(topic, broker)
-            elif keys.is_broker_state_key(key) and event.kind == "put":
+            if not key.startswith(keys.BROKERS_PREFIX):
+                continue
+            if keys.is_broker_state_key(key):
                 broker = keys.parse_broker_state_key(key)
-                if broker in self.states and isinstance(event.value, dict):
-                    self.states[broker] = BrokerState.from_dict(event.value)
+            else:
+                broker = keys.parse_assignment_key(key)[0]
+            machine = self.machines.get(broker)
+            if machine is None:
+                continue
+            for effect in machine.watched(event, self.now):
+                self._perform(machine, effect)
 
-    def _record(self, topic: str, broker: BrokerId, value: object) -> None:
-        try:
-            _, marker = parse_assignment_value(value)
-        except ModelError:
-            return
+    def _perform(self, machine: BrokerMachine, effect: BrokerEffect) -> None:
+        broker = machine.broker_id
+        if isinstance(effect, Load):
+            self.assignments[broker].append(effect.topic)
+            machine.loaded(effect.topic)
+            self._record(effect.topic, broker, effect.marker)
+        elif isinstance(effect, Unload):
+            if effect.serving:
+                self.assignments[broker].remove(effect.topic)
+            self._seal(machine, effect.topic)
+        elif isinstance(effect, Bounce):
+            self.store.txn(effect.compares, effect.ops)
+        # A `Reject` cannot happen: the simulated cluster writes only good records.
+
+    def _record(self, topic: str, broker: BrokerId, marker: UnassignedMarker | None) -> None:
         if marker is None or marker.from_broker is None:
             return
         row = (self.now, topic, marker.from_broker, broker)
@@ -264,14 +270,14 @@ class Simulator:
         elif marker.reason in (MarkerReason.UNLOAD, MarkerReason.DRAIN_REDIRECT):
             self.result.drains.append(row)
 
-    def _seal(self, topic: str, broker: BrokerId) -> None:
+    def _seal(self, machine: BrokerMachine, topic: str) -> None:
         """The source has sealed at once: mark the move's marker ready."""
         kv = self.store.get(keys.unassigned(topic))
         if kv is None:
             return
-        marker = UnassignedMarker.from_dict(kv.value)
-        if marker.from_broker == broker and not marker.ready:
-            self.store.put(keys.unassigned(topic), replace(marker, ready=True).to_dict())
+        ready = machine.ready_marker(kv.value)
+        if ready is not None:
+            self.store.put(keys.unassigned(topic), ready)
 
     # --- the leader ---------------------------------------------------------------------
 
