@@ -9,7 +9,7 @@ import pytest
 
 from ballast.clock import FakeClock, SystemClock
 from ballast.cluster import LeaderElection
-from ballast.cluster.election import leader_value
+from ballast.leader.records import leader_value
 from ballast.metadata import MetadataStore, Put, keys
 from ballast.metadata.memory import MemoryStore
 from tests.cluster.helpers import wait_until

@@ -43,7 +43,6 @@ from ballast.leader import (
     WriteDone,
 )
 from ballast.leader.perform import WRITES_IN_FLIGHT, ReadyQueue, refreshed
-from ballast.leader.view import ClusterView
 from ballast.load_history import HistoryWriter
 from ballast.metadata import (
     MetadataStore,
@@ -164,14 +163,10 @@ class LeaderSession:
     # -- what the admin, the demo and tests read -------------------------------------------
 
     @property
-    def view(self) -> ClusterView:
-        return self.machine.view
-
-    @property
     def history(self) -> MoveHistory:
         """The moves recorded under ``/cluster/rebalancing_history/``, ours included as
-        soon as their write succeeded (the view applies our writes)."""
-        return MoveHistory.of(self.view.moves.values())
+        soon as their write succeeded."""
+        return self.machine.history
 
     @property
     def episode(self) -> bool:
@@ -232,10 +227,13 @@ class LeaderSession:
 
     # -- performing effects --------------------------------------------------------------
 
-    async def perform(self, ready: Ready) -> None:
-        """Perform `ready` and every `Ready` the outcomes of its writes produce, in order."""
+    async def perform(self, ready: Ready) -> list[Ready]:
+        """Perform `ready` and every `Ready` the outcomes of its writes produce, in order;
+        return them all (the first one included)."""
+        done: list[Ready] = []
         queue = ReadyQueue(self.machine, ready, WRITES_IN_FLIGHT)
         for current in queue:
+            done.append(current)
             self.steps += 1
             if current.decision is not None:
                 self.last_decision = current.decision
@@ -252,6 +250,7 @@ class LeaderSession:
                     self.manager.note(line.message)
                 else:
                     log.log(line.level, "%s: %s", self.manager.name, line.message)
+        return done
 
     async def _perform_write(self, write: Write) -> WriteDone:
         try:

@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from ballast.leader.effects import Event, Ready, Refreshed, Write, WriteDone
 from ballast.leader.machine import LeaderMachine
+from ballast.metadata import keys
 from ballast.metadata.core import StoreCore
-from ballast.metadata.store import Compare, KeyValue, ValueDecodeError
+from ballast.metadata.store import Compare, KeyValue, Put, ValueDecodeError
 
 # Writes of one `Ready` performed at once (they touch disjoint keys).
 WRITES_IN_FLIGHT = 16
@@ -66,9 +67,10 @@ def drive(
     on_ready: Callable[[Ready], None] | None = None,
     inputs: list[Event] | None = None,
 ) -> list[Ready]:
-    """Perform `ready` on `store` (each write fenced by `fence`) and every `Ready` its
-    outcomes produce; return them all, the first one included, in order. Each outcome fed
-    to the machine is appended to `inputs` (a record for replays)."""
+    """Perform `ready` on `store` (each write, and the rankings, fenced by `fence`) and
+    every `Ready` its outcomes produce; return them all, the first one included, in order.
+    Each outcome fed to the machine is appended to `inputs` (a record for replays). The
+    other effects (history, metrics, logs) are the caller's, read from the `Ready`s."""
     done: list[Ready] = []
     queue = ReadyQueue(machine, ready)
     for current in queue:
@@ -80,6 +82,8 @@ def drive(
             if inputs is not None:
                 inputs += outcomes
             queue.feed(outcomes)
+        if current.rankings is not None:
+            store.txn(fence, [Put(keys.LOAD_BALANCE, current.rankings.payload)])
     return done
 
 

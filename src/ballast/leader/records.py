@@ -1,6 +1,8 @@
 """Values the control plane stores that the shared model does not define.
 
 - `Registration`: the value at ``/cluster/register/{broker_id}``.
+- `leader_value`: the value at ``/cluster/leader`` (written by the election; the simulator
+  writes it for its leader too).
 - `TopicMeta`: the value at ``/topics/{ns}/{topic}/meta``; a topic exists while it exists.
 - The assignment value: `Assignment` (model) plus the marker it consumed, so the new owner's
   `TopicHost.load` learns why it received the topic (a move, a failover, a new topic).
@@ -14,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ballast.metadata import Delete, Put, keys
+from ballast.metadata import Compare, Delete, Put, keys
 from ballast.model import (
     Assignment,
     ModelError,
@@ -22,6 +24,17 @@ from ballast.model import (
     UnassignedMarker,
     validate_broker_id,
 )
+
+
+def leader_value(broker_id: str, since: float) -> dict[str, Any]:
+    """The value of the leader key."""
+    return {"broker_id": broker_id, "since": since}
+
+
+def leader_fence(term: int) -> Compare:
+    """The compare every write of leadership term `term` (the leader key's create revision)
+    carries: refused once another term has begun."""
+    return Compare(keys.LEADER, "create_revision", "==", term)
 
 
 @dataclass(frozen=True)

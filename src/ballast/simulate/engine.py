@@ -30,7 +30,13 @@ from ballast.leader import Bootstrap, LeaderMachine, Ready, Tick, Watched
 from ballast.leader import Event as MachineEvent
 from ballast.leader.broker_machine import Bounce, BrokerEffect, BrokerMachine, Load, Unload
 from ballast.leader.perform import drive
-from ballast.leader.records import Registration, TopicMeta, claim_ops
+from ballast.leader.records import (
+    Registration,
+    TopicMeta,
+    claim_ops,
+    leader_fence,
+    leader_value,
+)
 from ballast.metadata import Put, keys
 from ballast.metadata.core import StoreCore, watch_log
 from ballast.model import (
@@ -112,18 +118,25 @@ class SimResult:
 class Simulator:
     """Runs one scenario; `run()` returns the whole timeline."""
 
-    def __init__(self, scenario: Scenario) -> None:
+    def __init__(self, scenario: Scenario, store: StoreCore | None = None) -> None:
         self.scenario = scenario
         self.lm = scenario.load_manager
         self.config = BallastConfig(load_manager=scenario.load_manager)
         self.rng = np.random.default_rng(scenario.seed)
         self.now = EPOCH
-        self.store = StoreCore(lambda: self.now)
+        self.store = store if store is not None else StoreCore(lambda: self.now)
         self.events = watch_log(self.store)  # every change, read by the brokers and the leader
+        # The leader holds the leader key, as if elected: its create revision is the term
+        # that fences the leader's writes.
+        self.term = self.store.put(keys.LEADER, leader_value(LEADER, EPOCH))
         # Rankings are posted once per timeline sample: nobody reads them in between.
         self.machine = LeaderMachine(
-            LEADER, 1, self.config, rankings_interval=scenario.sample_every_seconds
+            LEADER, self.term, self.config, rankings_interval=scenario.sample_every_seconds
         )
+        # The leader's shell: steps the leader with an event, performs the `Ready` and what
+        # its outcomes produce, and returns every `Ready` in order. The replay test puts the
+        # live leader's `LeaderSession` here.
+        self.leader: Callable[[MachineEvent], list[Ready]] = self._drive
         self.inputs: list[MachineEvent] = []
         self.outputs: list[Ready] = []
         self.brokers: dict[BrokerId, BrokerSpec] = {}
@@ -281,11 +294,15 @@ class Simulator:
 
     # --- the leader ---------------------------------------------------------------------
 
-    def _step(self, event: MachineEvent) -> None:
-        """Step the machine and perform its writes on the store (outcomes fed back)."""
-        self.inputs.append(event)
+    def _drive(self, event: MachineEvent) -> list[Ready]:
         ready = self.machine.step(event)
-        self._observe(drive(self.machine, self.store, ready, self.now, inputs=self.inputs))
+        fence = (leader_fence(self.term),)
+        return drive(self.machine, self.store, ready, self.now, fence=fence, inputs=self.inputs)
+
+    def _step(self, event: MachineEvent) -> None:
+        """Step the leader and perform its writes on the store (outcomes fed back)."""
+        self.inputs.append(event)
+        self._observe(self.leader(event))
 
     def _pump(self, event: MachineEvent | None = None) -> None:
         """Feed `event`, then deliver the store's changes to the brokers and the leader
