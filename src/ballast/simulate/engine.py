@@ -9,8 +9,9 @@ automatic bundle splits), fed the store's changes and a tick per step, its write
 on the store as the live shell performs them (`leader.perform`). Each step (one
 rebalancing check interval of virtual time) applies the scenario's events, publishes fresh
 load reports and lets the cluster settle. Hours of rebalancing take seconds and the result
-is deterministic for a seed. `Simulator.inputs` records every event fed to the machine, so
-a run can be replayed into the live leader's machine.
+is deterministic for a seed. `Simulator.inputs` records every event its own shell feeds the
+machine; `Simulator.leader` is that shell, which `tests/simulate/test_replay.py` replaces
+with the live leader's `LeaderSession` to show both decide alike.
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ class SimResult:
 
 
 class Simulator:
-    """Runs one scenario; `run()` returns the whole timeline."""
+    """Runs one scenario; `run()` returns the whole timeline. `store` (default: a fresh
+    `StoreCore` on the virtual clock) must be empty."""
 
     def __init__(self, scenario: Scenario, store: StoreCore | None = None) -> None:
         self.scenario = scenario
