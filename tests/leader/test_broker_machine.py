@@ -7,7 +7,7 @@ simulator is checked to bounce an assignment that reaches a draining broker.
 
 from __future__ import annotations
 
-from ballast.leader.broker_machine import Bounce, BrokerMachine, Load, Reject, Unload
+from ballast.leader.broker_machine import BrokerMachine, GiveBack, Load, Reject, Unload
 from ballast.leader.records import assignment_value
 from ballast.metadata import Compare, Delete, Put, WatchEvent, keys
 from ballast.metadata.core import StoreCore
@@ -52,7 +52,7 @@ def test_a_draining_broker_bounces_with_one_guarded_transaction() -> None:
     marker = UnassignedMarker(
         MarkerReason.DRAIN_REDIRECT, from_broker="b1", timestamp=NOW, ready=True
     )
-    assert bounce == Bounce(
+    assert bounce == GiveBack(
         "/ns/late",
         (Compare.mod_revision_equals(key, 12), Compare.absent(keys.unassigned("/ns/late"))),
         (
@@ -122,3 +122,18 @@ def test_the_simulated_draining_broker_bounces_a_late_assignment() -> None:
         True,
     )
     assert "/default/late" not in sim.assignments["broker-5"]
+
+
+def test_a_topic_that_cannot_be_served_is_released_with_an_unload_marker() -> None:
+    machine = BrokerMachine("b1")
+    key = keys.broker_assignment("b1", "/ns/t")
+    marker = UnassignedMarker(MarkerReason.UNLOAD, from_broker="b1", timestamp=NOW, ready=False)
+    assert machine.release("/ns/t", 21, NOW) == GiveBack(
+        "/ns/t",
+        (Compare.mod_revision_equals(key, 21), Compare.absent(keys.unassigned("/ns/t"))),
+        (
+            Delete(key),
+            Delete(keys.topic_owner("/ns/t")),
+            Put(keys.unassigned("/ns/t"), marker.to_dict()),
+        ),
+    )

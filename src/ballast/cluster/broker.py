@@ -6,7 +6,9 @@
   sampler (psutil by default) and per-topic traffic from its `TopicHost`. The report key is
   bound to the same lease, so a dead broker's report vanishes with its registration.
 - Watches its own prefix ``/cluster/brokers/{id}/`` (its state and its assignments) and
-  makes the host match it: an assignment put loads the topic, a delete unloads it.
+  makes the host match it: an assignment put loads the topic, a delete unloads it. What
+  each change means is decided by `BrokerMachine` (`leader/broker_machine.py`, pure and
+  shared with the simulator's brokers); this node performs its effects.
 - A delete caused by a move comes with a marker ``{from_broker: me, ready: false}``: the
   broker unloads gracefully (the host seals the topic) and only then sets ``ready: true``,
   which lets the leader assign the topic to its target.
@@ -33,15 +35,13 @@ from ballast.cluster.metrics import ClusterMetrics
 from ballast.cluster.resources import PsutilSampler, ResourceSampler
 from ballast.cluster.service import Service, keep_alive, watching
 from ballast.config import BallastConfig
-from ballast.leader.broker_machine import Bounce, BrokerEffect, BrokerMachine, Load, Unload
-from ballast.leader.records import Registration, release_ops
+from ballast.leader.broker_machine import BrokerEffect, BrokerMachine, GiveBack, Load, Unload
+from ballast.leader.records import Registration
 from ballast.metadata import (
-    Compare,
     Lease,
     Listing,
     MetadataError,
     MetadataStore,
-    Put,
     WatchEvent,
     keys,
 )
@@ -50,9 +50,7 @@ from ballast.model import (
     BrokerMode,
     BrokerState,
     LoadReport,
-    MarkerReason,
     ModelError,
-    UnassignedMarker,
     validate_broker_id,
 )
 from ballast.storage import SealError
@@ -269,7 +267,7 @@ class BrokerNode(Service):
 
     async def _reconcile(self, listing: Listing) -> None:
         """Make the host serve exactly the listed assignments (after start or resync)."""
-        assigned: dict[str, tuple[str, object, int]] = {}
+        assigned: dict[str, tuple[object, int]] = {}
         for kv in listing.items:
             if kv.key == keys.broker_state(self.broker_id):
                 await self._perform(self.machine.set_state(kv.value))
@@ -278,7 +276,7 @@ class BrokerNode(Service):
                 _, name = keys.parse_assignment_key(kv.key)
             except ValueError:
                 continue
-            assigned[str(name)] = (kv.key, kv.value, kv.mod_revision)
+            assigned[str(name)] = (kv.value, kv.mod_revision)
         for error in listing.undecodable:
             # Assigned all the same (the leader repairs the value); load without a marker.
             self.metrics.reject("assignment")
@@ -287,12 +285,12 @@ class BrokerNode(Service):
                 _, name = keys.parse_assignment_key(error.key)
             except ValueError:
                 continue
-            assigned[str(name)] = (error.key, None, 0)
+            assigned[str(name)] = (None, 0)
         for topic in sorted(self.serving - set(assigned)):
             await self._perform(self.machine.unassigned(topic))
-        for topic, (key, value, revision) in sorted(assigned.items()):
+        for topic, (value, revision) in sorted(assigned.items()):
             now = self.clock.now()
-            await self._perform(self.machine.assigned(topic, key, value, revision, now))
+            await self._perform(self.machine.assigned(topic, value, revision, now))
         await self._release_stale_markers()
 
     async def _on_event(self, event: WatchEvent) -> None:
@@ -306,7 +304,7 @@ class BrokerNode(Service):
             elif isinstance(effect, Unload):
                 if await self._unload(effect.topic, effect.serving):
                     await self._mark_ready(effect.topic)
-            elif isinstance(effect, Bounce):
+            elif isinstance(effect, GiveBack):
                 result = await self.store.txn(effect.compares, effect.ops)
                 if result.succeeded:
                     log.info(
@@ -392,16 +390,8 @@ class BrokerNode(Service):
         kv = await self.store.get(key)
         if kv is None:
             return
-        marker = UnassignedMarker(
-            MarkerReason.UNLOAD, from_broker=self.broker_id, timestamp=self.clock.now(), ready=False
-        )
-        result = await self.store.txn(
-            [
-                Compare.mod_revision_equals(key, kv.mod_revision),
-                Compare.absent(keys.unassigned(topic)),
-            ],
-            [*release_ops(self.broker_id, topic), Put(keys.unassigned(topic), marker.to_dict())],
-        )
+        give_back = self.machine.release(topic, kv.mod_revision, self.clock.now())
+        result = await self.store.txn(give_back.compares, give_back.ops)
         if result.succeeded:
             log.warning("%s: released %s: %s", self.name, topic, why)
 

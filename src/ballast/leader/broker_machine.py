@@ -46,8 +46,10 @@ class Unload:
 
 
 @dataclass(frozen=True)
-class Bounce:
-    """Send an assignment back while draining: one guarded transaction."""
+class GiveBack:
+    """Hand an assignment back to the leader: one transaction deletes it (if unchanged)
+    and writes the topic's marker (if none is pending). A draining broker bounces what
+    still reaches it so; a broker that cannot serve a topic releases it so."""
 
     topic: str
     compares: tuple[Compare, ...]
@@ -62,7 +64,7 @@ class Reject:
     message: str
 
 
-BrokerEffect = Load | Unload | Bounce | Reject
+BrokerEffect = Load | Unload | GiveBack | Reject
 
 
 @dataclass
@@ -96,7 +98,7 @@ class BrokerMachine:
             return [Reject("key", f"ignoring foreign key {event.key!r}")]
         topic = str(name)
         if event.kind == "put":
-            return self.assigned(topic, event.key, event.value, event.revision, now)
+            return self.assigned(topic, event.value, event.revision, now)
         if event.kind == "delete":
             return self.unassigned(topic)
         if event.kind == "error":
@@ -111,14 +113,12 @@ class BrokerMachine:
             return [Reject("broker_state", f"bad state value, keeping {self.mode}: {exc}")]
         return []
 
-    def assigned(
-        self, topic: str, key: str, value: Any, revision: int, now: float
-    ) -> list[BrokerEffect]:
+    def assigned(self, topic: str, value: Any, revision: int, now: float) -> list[BrokerEffect]:
         """`topic` is assigned here (`value` None: its value could not be decoded)."""
         if topic in self.serving or not self.registered:
             return []
         if self.mode is not BrokerMode.ACTIVE:
-            return [self._bounce(topic, key, revision, now)]
+            return [self._bounce(topic, revision, now)]
         try:
             _, marker = parse_assignment_value(value)
         except ModelError as exc:
@@ -136,11 +136,23 @@ class BrokerMachine:
         self.serving.discard(topic)
         return [Unload(topic, serving)]
 
-    def _bounce(self, topic: str, key: str, revision: int, now: float) -> Bounce:
+    def release(self, topic: str, revision: int, now: float) -> GiveBack:
+        """Give `topic` (its assignment at `revision`) back because it cannot be served
+        here: an unload marker waits for our seal attempt, then the leader places it."""
+        marker = UnassignedMarker(
+            MarkerReason.UNLOAD, from_broker=self.broker_id, timestamp=now, ready=False
+        )
+        return self._give_back(topic, revision, marker)
+
+    def _bounce(self, topic: str, revision: int, now: float) -> GiveBack:
         marker = UnassignedMarker(
             MarkerReason.DRAIN_REDIRECT, from_broker=self.broker_id, timestamp=now, ready=True
         )
-        return Bounce(
+        return self._give_back(topic, revision, marker)
+
+    def _give_back(self, topic: str, revision: int, marker: UnassignedMarker) -> GiveBack:
+        key = keys.broker_assignment(self.broker_id, topic)
+        return GiveBack(
             topic,
             (Compare.mod_revision_equals(key, revision), Compare.absent(keys.unassigned(topic))),
             (*release_ops(self.broker_id, topic), Put(keys.unassigned(topic), marker.to_dict())),

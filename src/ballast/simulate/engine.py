@@ -29,7 +29,7 @@ from ballast.balance.rebalance import active_scores
 from ballast.config import BallastConfig
 from ballast.leader import Bootstrap, LeaderMachine, Ready, Tick, Watched
 from ballast.leader import Event as MachineEvent
-from ballast.leader.broker_machine import Bounce, BrokerEffect, BrokerMachine, Load, Unload
+from ballast.leader.broker_machine import BrokerEffect, BrokerMachine, GiveBack, Load, Unload
 from ballast.leader.perform import drive
 from ballast.leader.records import (
     Registration,
@@ -272,7 +272,7 @@ class Simulator:
             if effect.serving:
                 self.assignments[broker].remove(effect.topic)
             self._seal(machine, effect.topic)
-        elif isinstance(effect, Bounce):
+        elif isinstance(effect, GiveBack):
             self.store.txn(effect.compares, effect.ops)
         # A `Reject` cannot happen: the simulated cluster writes only good records.
 
