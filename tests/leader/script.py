@@ -2,6 +2,9 @@
 ``testdata/*.txt``: each block is a command, its input lines, ``----`` and the expected
 effects. ``REWRITE=1 pytest tests/leader`` rewrites the expected outputs in place.
 
+The store is a `StoreCore` (the simulator's, etcd's revisions: an empty store is at
+revision 1) and ``run`` performs writes with `leader.perform.drive`, as the simulator does.
+
 Commands (times are seconds of a fake clock, ``now=``):
 
 - ``config strategy=fair enabled=true ...``: a fresh configuration (rebalancing keys;
