@@ -41,7 +41,9 @@ class MemoryStore(TxnHelpers):
 
     `history_limit` bounds the event log kept for watching from past revisions: when it is
     exceeded the oldest half is compacted away, and a watch asking for a compacted revision
-    gets a ``compacted`` event, as with etcd.
+    gets a ``compacted`` event, as with etcd. `core` is the `StoreCore` underneath: a
+    synchronous driver (the simulator) may share it, and this store's watches see its
+    changes.
     """
 
     def __init__(
