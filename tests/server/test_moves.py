@@ -243,3 +243,42 @@ async def test_close_handshake_without_relay_moves_the_consumer_with_no_reopen_s
         await consumer.ack(message)
         await consumer.close()
         await producer.close()
+
+
+async def test_acks_above_the_oldest_unacked_survive_a_move(cluster: DataCluster) -> None:
+    """Shared subscription, acks out of order (all but offset 2): the new owner delivers
+    again only 2 (before the acks above the cursor were persisted: 2, 3, 4 and 5)."""
+    await cluster.start_broker("b2")
+    client = await new_client(cluster.brokers["b1"].url)
+    producer = await reliable_producer(client, "/default/acks")
+    consumer = (
+        client.new_consumer()
+        .with_topic("/default/acks")
+        .with_consumer_name("c1")
+        .with_subscription("s1")
+        .with_subscription_type(SubType.SHARED)
+        .build()
+    )
+    await consumer.subscribe()
+    queue = await consumer.receive()
+    for i in range(6):
+        await producer.send(f"m{i}".encode())
+    first = [await asyncio.wait_for(queue.get(), 10) for _ in range(6)]
+    assert [m.msg_id.topic_offset for m in first] == list(range(6))
+    for m in first:
+        if m.msg_id.topic_offset != 2:
+            await consumer.ack(m)
+    source = cluster.owner("/default/acks")
+    await AdminClient(cluster.store).unload_topic("/default/acks")
+    await producer.send(b"m6")
+    after = []
+    while not after or after[-1].msg_id.topic_offset != 6:
+        after.append(await asyncio.wait_for(queue.get(), 20))
+        await consumer.ack(after[-1])
+    assert [m.msg_id.topic_offset for m in after] == [2, 6]
+    target = cluster.owner("/default/acks")
+    assert target is not None and target is not source
+    await asyncio.sleep(0.5)
+    assert queue.empty()
+    await consumer.close()
+    await producer.close()

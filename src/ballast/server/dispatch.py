@@ -127,6 +127,7 @@ class ConsumerHandle:
     recent: deque[tuple[float, Delivery]] = field(default_factory=lambda: deque(maxlen=256))
     last_seen: float = 0.0
     owner: Binding | None = None  # who may use the id (see `auth.Binding`)
+    name_hash: int = field(init=False)  # KeyShared: the name's part of rendezvous weights
 
     def __post_init__(self) -> None:
         self.name_hash = fnv1a64(self.name.encode())
@@ -410,7 +411,7 @@ class SubscriptionDispatcher:
     def requeue(self, deliveries: Iterable[Delivery]) -> None:
         """Messages to give to a consumer again (before any fresh one), in offset order."""
         items = sorted(
-            (d for d in deliveries if not (self.reliable and d.offset in self._acked)),
+            (d for d in deliveries if not self._is_acked(d.offset)),
             key=lambda d: d.offset,
         )
         for d in items:
@@ -428,7 +429,7 @@ class SubscriptionDispatcher:
         for source in (self._redeliver, self._fresh):
             while source:
                 d = source[0]
-                if self.reliable and d.offset in self._acked:
+                if self._is_acked(d.offset):
                     self._take(source)
                     continue
                 c = None if d.key in blocked else self._choose(d, candidates)
@@ -460,7 +461,7 @@ class SubscriptionDispatcher:
         """
         kept: deque[Delivery] = deque()
         for d in source:
-            if self.reliable and d.offset in self._acked:
+            if self._is_acked(d.offset):
                 continue
             c = None if d.key in blocked else self._choose(d, candidates)
             if c is None:
@@ -491,7 +492,7 @@ class SubscriptionDispatcher:
         except during `MOVED_ACKS_SECONDS` after the subscription opened here: then the
         acks of what the previous owner delivered arrive, maybe before we read it.
         """
-        if not self.reliable or offset <= self.cursor or offset in self._acked:
+        if not self.reliable or self._is_acked(offset):
             return True
         if offset not in self._delivered and time.monotonic() > self._foreign_acks_until:
             return False
@@ -570,6 +571,11 @@ class SubscriptionDispatcher:
         if cursor > self.cursor:
             self.cursor = cursor
             acked.trim(cursor)
+
+    def _is_acked(self, offset: int) -> bool:
+        """Reliable: whether `offset` is acked (a copy may still wait in a stream's queue,
+        which a detach gives back: it must not be delivered again)."""
+        return self.reliable and (offset <= self.cursor or offset in self._acked)
 
     def acked_above_cursor(self, offset: int) -> bool:
         """Whether `offset` is acked and above the cursor (to persist on its own)."""

@@ -138,6 +138,13 @@ class AckRanges:
         if self._starts and self._starts[0] <= cursor:
             self._starts[0] = cursor + 1
 
+    def absorb(self, cursor: int) -> int:
+        """The cursor past the range that starts right after it (if any), which goes."""
+        if self._starts and self._starts[0] == cursor + 1:
+            cursor = self._ends[0]
+            del self._starts[0], self._ends[0]
+        return cursor
+
     def ranges(self, limit: int | None = None) -> tuple[tuple[int, int], ...]:
         """The ranges in order (the lowest `limit` of them)."""
         n = len(self._starts) if limit is None else min(limit, len(self._starts))
@@ -237,8 +244,8 @@ class SubscriptionCursors:
             self._cursors[subscription] = cursor = _Cursor(offset, AckRanges())
         elif offset <= cursor.acked:
             return False
-        cursor.acked = offset
         cursor.above.trim(offset)
+        cursor.acked = cursor.above.absorb(offset)
         self._changed(cursor)
         return True
 
@@ -251,6 +258,7 @@ class SubscriptionCursors:
         cursor = self._cursors.get(subscription)
         if cursor is None or offset <= cursor.acked or not cursor.above.add(offset):
             return False
+        cursor.acked = cursor.above.absorb(cursor.acked)
         self._changed(cursor)
         return True
 
