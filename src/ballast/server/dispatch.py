@@ -9,13 +9,12 @@ subscription type:
   takes over, with everything the previous one left unacked, when it goes);
 - ``shared``: round-robin over the connected consumers that have window space;
 - ``key_shared``: by routing key (falling back to the producer name), among the
-  consumers whose glob `key_filters` match the key (no filter: every key). Per-key order
-  holds across consumers joining and leaving: a key stays with the consumer holding its
-  unacked messages (reliable) until they are all acked, and waits (only that key) while
-  that consumer is full or away; a key with nothing unacked goes to the matching
-  consumer of highest rendezvous hash (a joining consumer takes over about 1/n of the
-  keys, the others keep theirs). What a departing consumer leaves unacked goes back
-  ahead of everything newer, so each key's older messages are delivered first.
+  consumers whose glob `key_filters` match the key (no filter: every key): the one of
+  highest rendezvous weight, so a joining consumer takes over about 1/n of the keys and
+  the others keep theirs. Per-key order holds across consumers joining and leaving
+  (reliable): a key whose messages another consumer still holds unacked waits (only
+  that key) until they are acked, and what a departing consumer leaves unacked goes
+  back ahead of everything newer, so each key's older messages are delivered first.
 
 Each consumer holds at most `window` delivered-but-unacked messages, which bounds memory
 and, for reliable topics, how far the storage reader runs ahead. A message a consumer
@@ -357,23 +356,24 @@ class SubscriptionDispatcher:
     def _key_consumer(self, key: str, candidates: list[ConsumerHandle]) -> ConsumerHandle | None:
         """KeyShared: who takes `key` now, space aside (None: the key waits).
 
-        The consumer holding unacked messages of the key keeps it (also while it is away,
-        within its redelivery grace): giving the key to another consumer would let two
-        consumers work on it at once, out of order. Otherwise the matching consumer of
-        highest rendezvous weight takes it.
+        The key belongs to the matching consumer of highest rendezvous weight. While
+        another consumer still holds unacked messages of the key (it had the key before
+        this one joined, or it is away within its redelivery grace), the key waits for
+        those acks ("draining", as Pulsar's PIP-379): two consumers never work on one key
+        at once, and a joining consumer still gets its share of busy keys.
         """
-        for c in self.consumers.values():
-            if c.holds_key(key):
-                return c if c.connected and not c.closing and c.matches(key) else None
         key_hash = fnv1a64(key.encode())
-        best: ConsumerHandle | None = None
-        best_score = -1
+        owner: ConsumerHandle | None = None
+        best = -1
         for c in candidates:
             if c.matches(key):
                 score = rendezvous_score(key_hash, c.name_hash)
-                if score > best_score:
-                    best, best_score = c, score
-        return best
+                if score > best:
+                    owner, best = c, score
+        for c in self.consumers.values():
+            if c is not owner and c.holds_key(key):
+                return None
+        return owner
 
     # -- messages ------------------------------------------------------------------------
 
