@@ -9,9 +9,10 @@ and acks the rest at once. The topic moves `--moves` times (admin unload, every
 
 - ``duplicates``: deliveries of an offset the consumers had already received
   (``duplicates_per_1000`` per message sent);
-- ``duplicates_of_acked``: deliveries of an offset whose ack the consumer had already
-  sent (what persisting the acks above the cursor removes; the other duplicates were
-  delivered and not yet acked when the topic moved);
+- ``duplicates_of_acked``: deliveries, as the consumer takes them from the client's
+  queue, of an offset whose ack it had already sent (what persisting the acks above the
+  cursor removes; a few remain where the ack was held past the move and the redelivery
+  was already queued in the client when the ack went out);
 - ``lost``: sent and acknowledged to the producer, never delivered.
 
 Prints one JSON object; the default run takes about 40 s.
