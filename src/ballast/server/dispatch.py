@@ -163,10 +163,6 @@ class ConsumerHandle:
         self.unacked_keys.clear()
         return held
 
-    def holds_key(self, key: str) -> bool:
-        """Whether a message of `key` waits for this consumer's ack."""
-        return key in self.unacked_keys
-
     def attach(self) -> asyncio.Queue[Delivery | None]:
         """Open a new stream; a previous one of this consumer ends (takeover).
 
@@ -273,9 +269,10 @@ class SubscriptionDispatcher:
         self.cursor = start_cursor
         self._read_through = start_cursor  # highest offset offered so far
         self._pending: list[int] = []  # heap of offered offsets not yet acked
-        # Offsets acked above the cursor: offered (still in the heap) or not yet (acked
-        # before this owner read them; persisted by a previous owner).
-        self._acked = AckRanges(acked_above)
+        self._acked: set[int] = set()  # acked offsets still in the heap (or not yet offered)
+        # Acked above the cursor before this owner opened the subscription (persisted by
+        # the previous owner): skipped when read, forgotten as the cursor passes them.
+        self._acked_before = AckRanges(acked_above) if acked_above else None
         self._holds: dict[int, float] = {}  # offset -> seconds to hold it when offered
         self._delivered: set[int] = set()  # offsets given to a consumer, not yet acked
         self._foreign_acks_until = time.monotonic() + MOVED_ACKS_SECONDS
@@ -371,7 +368,7 @@ class SubscriptionDispatcher:
                 if score > best:
                     owner, best = c, score
         for c in self.consumers.values():
-            if c is not owner and c.holds_key(key):
+            if c is not owner and key in c.unacked_keys:  # it holds the key unacked
                 return None
         return owner
 
@@ -383,7 +380,10 @@ class SubscriptionDispatcher:
             return
         if self.reliable:
             self._read_through = max(self._read_through, d.offset)
-            if d.offset in self._acked:  # acked before we read it (after a move)
+            if d.offset in self._acked or (
+                self._acked_before is not None and d.offset in self._acked_before
+            ):
+                self._acked.discard(d.offset)  # acked before we read it (after a move)
                 self._advance()
                 return
             heapq.heappush(self._pending, d.offset)
@@ -566,20 +566,27 @@ class SubscriptionDispatcher:
     def _advance(self) -> None:
         pending, acked = self._pending, self._acked
         while pending and pending[0] in acked:
-            heapq.heappop(pending)
+            acked.discard(heapq.heappop(pending))
         cursor = pending[0] - 1 if pending else self._read_through
         if cursor > self.cursor:
             self.cursor = cursor
-            acked.trim(cursor)
+            if self._acked_before is not None:
+                self._acked_before.trim(cursor)
+                if not self._acked_before:
+                    self._acked_before = None
 
     def _is_acked(self, offset: int) -> bool:
         """Reliable: whether `offset` is acked (a copy may still wait in a stream's queue,
         which a detach gives back: it must not be delivered again)."""
-        return self.reliable and (offset <= self.cursor or offset in self._acked)
+        return self.reliable and (
+            offset <= self.cursor
+            or offset in self._acked
+            or (self._acked_before is not None and offset in self._acked_before)
+        )
 
     def acked_above_cursor(self, offset: int) -> bool:
         """Whether `offset` is acked and above the cursor (to persist on its own)."""
-        return offset > self.cursor and offset in self._acked
+        return offset > self.cursor and self._is_acked(offset)
 
     # -- figures and shutdown ------------------------------------------------------------
 
