@@ -264,3 +264,17 @@ async def test_key_shared_per_key_order_holds_under_random_joins_leaves_and_acks
                     assert sub.ack(offset)
                     assert offset not in c.unacked
         assert check.violations == []
+
+
+async def test_an_acked_copy_left_in_an_ended_stream_is_not_delivered_again() -> None:
+    """The client acked what it read; copies still queued in the stream when it ended
+    go back, but not those already acked (the cursor passed them)."""
+    sub = reliable()
+    c = sub.join("c", "shared", (), 0.0)
+    q = c.attach()
+    for i in range(3):
+        sub.offer(d(i))
+    sub.ack(0)
+    sub.ack(1)  # acked while their copies still wait in the stream's queue
+    c.detach(q)
+    assert offsets(c.attach()) == [2]
