@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
 from collections.abc import Coroutine, Mapping
 from types import TracebackType
 from typing import Any, Self
 
 from ballast.clock import Clock
+
+log = logging.getLogger(__name__)
 
 
 async def cancel_and_wait(task: asyncio.Task[Any]) -> None:
@@ -40,14 +43,18 @@ class TaskOwner:
 
     `open()` starts the group, `spawn(coro, name)` starts a task named ``"<owner>/<name>"``,
     `close()` cancels every task and waits for them, re-raising a crash as the task group's
-    `ExceptionGroup` (a crashed task is never silently gone). Services (`cluster.service`),
-    periodic loops (`LoopTasks`) and `LocalCluster` all own their tasks through it.
+    `ExceptionGroup` (a crashed task is never silently gone), or, for a task started with
+    `spawn_contained`, logging its failure and letting the others go on. Services
+    (`cluster.service`), periodic loops (`LoopTasks`), `LocalCluster`, the console, the
+    WAL and the data-plane host (openings, readers, relays, its sweep) all own their tasks
+    through it. Bare tasks remain only where one call awaits them itself (the gateway's
+    stream pumps, a claim's in-flight extension), as futures of that call.
     """
 
     def __init__(self, owner: str) -> None:
         self.owner = owner
         self._group: asyncio.TaskGroup | None = None
-        self._tasks: list[asyncio.Task[Any]] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     @property
     def running(self) -> bool:
@@ -64,8 +71,25 @@ class TaskOwner:
             raise RuntimeError(f"{self.owner}: spawn() before open() or after close()")
         full = f"{self.owner}/{name}" if self.owner else name
         task = self._group.create_task(coro, name=full)
-        self._tasks.append(task)
+        self._tasks.add(task)
+        task.add_done_callback(self._forget)
         return task
+
+    def spawn_contained(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Start one named task whose failure is its own: logged, not the owner's end.
+
+        For work on one item (a topic's opening, a subscription's reader, a moved
+        consumer's relay) that must not stop the owner's other work when it fails.
+        """
+        if self._group is None:
+            coro.close()
+            raise RuntimeError(f"{self.owner}: spawn() before open() or after close()")
+        full = f"{self.owner}/{name}" if self.owner else name
+        return self.spawn(_contained(coro, full), name)
+
+    def _forget(self, task: asyncio.Task[Any]) -> None:
+        # Per-item tasks come and go for the owner's whole life: keep only the running.
+        self._tasks.discard(task)
 
     async def close(
         self,
@@ -78,7 +102,7 @@ class TaskOwner:
         """Cancel the tasks (unless `cancel` is False: then wait for them to end) and wait,
         passing on the owner's exit exception."""
         if cancel:
-            for task in self._tasks:
+            for task in list(self._tasks):
                 task.cancel()
         group, self._group = self._group, None
         try:
@@ -86,6 +110,13 @@ class TaskOwner:
                 await group.__aexit__(exc_type, exc, tb)
         finally:
             self._tasks.clear()
+
+
+async def _contained(coro: Coroutine[Any, Any, Any], name: str) -> None:
+    try:
+        await coro
+    except Exception:
+        log.exception("task %s failed", name)
 
 
 async def first_completed(owner: str, tasks: Mapping[str, Coroutine[Any, Any, Any]]) -> None:

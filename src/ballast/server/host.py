@@ -236,6 +236,7 @@ class DataPlaneHost:
                 window=window,
                 buffer=max(2 * window, 256),
                 now=now,
+                tasks=self._tasks,
                 stats=self.stats,
             )
         else:
@@ -308,7 +309,7 @@ class DataPlaneHost:
                         self.dialer,
                     )
                     self._relays[consumer.id] = relay
-                    relay.start()
+                    relay.start(self._tasks)
         self._update_gauges()
         log.info(
             "%s: stopped serving %s%s",

@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from ballast.aio import TaskOwner
 from ballast.model import TopicName
 from ballast.server.cluster_calls import ClusterDialer
 from ballast.server.directory import Directory
@@ -69,13 +70,14 @@ class ConsumerRelay:
         self._call: Any = None
         self._streaming = True
         self._stopped = asyncio.Event()
-        self._give_backs: set[asyncio.Task[None]] = set()
+        self._tasks: TaskOwner | None = None
         self._acked: set[int] = set()
 
-    def start(self) -> None:
-        """Run in the background (ends by itself; `stop` cancels it)."""
-        self.task = asyncio.create_task(
-            self._run(), name=f"relay{self.topic}/{self.subscription}/{self.handle.name}"
+    def start(self, tasks: TaskOwner) -> None:
+        """Run under `tasks` (the host's; ends by itself, `stop` cancels it)."""
+        self._tasks = tasks
+        self.task = tasks.spawn_contained(
+            self._run(), f"relay{self.topic}/{self.subscription}/{self.handle.name}"
         )
 
     def stop(self) -> None:
@@ -122,9 +124,9 @@ class ConsumerRelay:
                 with contextlib.suppress(grpc.aio.AioRpcError):
                     await stub.Nack(request, timeout=RPC_TIMEOUT, metadata=metadata)
 
-        task = asyncio.create_task(nack_all(), name=f"relay{self.topic}/give-back")
-        self._give_backs.add(task)
-        task.add_done_callback(self._give_backs.discard)
+        if self._tasks is None or not self._tasks.running:
+            return  # the server is stopping: the new owner redelivers them anyway
+        self._tasks.spawn_contained(nack_all(), f"relay{self.topic}/give-back")
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from ballast.aio import cancel_and_wait
+from ballast.aio import TaskOwner, cancel_and_wait
 from ballast.model import TopicLoad
 from ballast.server.auth import Binding
 from ballast.server.dispatch import ConsumerHandle, Delivery, SubscriptionDispatcher, new_id
@@ -267,10 +267,12 @@ class ReliableServedTopic(ServedTopic):
         window: int,
         buffer: int,
         now: float,
+        tasks: TaskOwner,
         stats: StorageStats | None = None,
     ) -> None:
         super().__init__(name, window=window, buffer=buffer, now=now)
         self.storage = storage
+        self.tasks = tasks  # the host's: the readers run under it
         self.stats = stats or StorageStats()
         self._readers: dict[str, asyncio.Task[None]] = {}
         self._persisted: dict[str, int] = {}
@@ -326,8 +328,8 @@ class ReliableServedTopic(ServedTopic):
             buffer_bytes=self.buffer_bytes,
         )
         self._persisted[name] = start - 1
-        self._readers[name] = asyncio.create_task(
-            self._read(dispatcher, start), name=f"topic{self.name}/read/{name}"
+        self._readers[name] = self.tasks.spawn_contained(
+            self._read(dispatcher, start), f"read{self.name}/{name}"
         )
         return dispatcher
 
