@@ -10,10 +10,10 @@ import pytest
 from ballast.cluster.admin import AdminClient, AdminError
 from ballast.cluster.namespaces import NamespaceAdmin
 from ballast.config import parse_config
-from ballast.leader.records import Registration, TopicMeta
 from ballast.leader.view import ClusterView
 from ballast.metadata import keys
 from ballast.metadata.memory import MemoryStore
+from ballast.metadata.records import Registration, TopicMeta
 from ballast.model import Assignment, LoadReport, TopicLoad
 
 NOW = 1_700_000_000.0

@@ -16,8 +16,8 @@ from typing import Any
 
 from ballast.config import parse_config
 from ballast.leader import Bootstrap, LeaderMachine, Ready, Tick, Watched
-from ballast.leader.records import Registration, TopicMeta
 from ballast.metadata import Put, keys
+from ballast.metadata.records import Registration, TopicMeta
 from ballast.model import LoadReport, Move, TopicLoad, UnassignedMarker
 from ballast.simulate.store import SimStore, drive
 

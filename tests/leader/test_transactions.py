@@ -28,10 +28,10 @@ from ballast.leader.intents import (
     Unload,
     UnloadSplit,
 )
-from ballast.leader.records import Registration, TopicMeta, assignment_value, claim_ops
 from ballast.leader.transactions import Txn, chunked, transactions
 from ballast.metadata import Compare, Delete, Put, keys
 from ballast.metadata.etcd import EtcdStore
+from ballast.metadata.records import Registration, TopicMeta, assignment_value, claim_ops
 from ballast.model import Assignment, ClusterSnapshot, MarkerReason, Move, UnassignedMarker
 from tests.etcd_fixtures import EtcdServer, etcd_server
 

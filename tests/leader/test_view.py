@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ballast.leader.view import BadRecord, ClusterView, RecordKind, classify
+from ballast.leader.view import BadRecord, ClusterView, classify
 from ballast.metadata import keys
+from ballast.metadata.records import RecordKind
 from ballast.model import Assignment, MarkerReason, UnassignedMarker
 
 REG = {"broker_url": "x:1"}

@@ -29,7 +29,6 @@ from ballast.balance import (
 from ballast.clock import Clock, SystemClock
 from ballast.config import BallastConfig, Strategy
 from ballast.leader.intents import Relocation
-from ballast.leader.records import TopicMeta, release_ops
 from ballast.leader.transactions import move_write
 from ballast.leader.view import ClusterView
 from ballast.metadata import (
@@ -38,6 +37,7 @@ from ballast.metadata import (
     Put,
     keys,
 )
+from ballast.metadata.records import TopicMeta, release_ops
 from ballast.model import (
     BrokerId,
     BrokerMode,

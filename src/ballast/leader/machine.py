@@ -110,8 +110,9 @@ from ballast.leader.intents import (
     UnloadSplit,
 )
 from ballast.leader.transactions import transactions
-from ballast.leader.view import BadRecord, ClusterView, RecordKind, classify
+from ballast.leader.view import BadRecord, ClusterView, classify
 from ballast.metadata import Compare, Delete, Put, WatchEvent, keys
+from ballast.metadata.records import RecordKind
 from ballast.model import (
     Assignment,
     BrokerId,

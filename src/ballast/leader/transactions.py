@@ -30,8 +30,8 @@ from ballast.leader.intents import (
     Unload,
     UnloadSplit,
 )
-from ballast.leader.records import assignment_value, claim_ops, owner_value, release_ops
 from ballast.metadata import Compare, Delete, Put, keys
+from ballast.metadata.records import assignment_value, claim_ops, owner_value, release_ops
 from ballast.model import (
     Assignment,
     BrokerId,

@@ -60,15 +60,28 @@ class FailureDomains:
         FailureDomains({k: frozenset(v) for k, v in out.items()})  # validates admin alone
         from_admin = {b: d for d, bs in out.items() for b in bs}
         for b, d in sorted(registered.items()):
-            if d is None:
-                continue
-            if b in from_admin and from_admin[b] != d:
+            if d is not None and b in from_admin and from_admin[b] != d:
                 raise DomainError(
                     f"broker {b!r} is in two failure domains: {d!r} (its broker.domain) and "
                     f"{from_admin[b]!r} (failure-domain {from_admin[b]!r}); remove one"
                 )
+        for b, d in broker_domains(registered, admin).items():
             out.setdefault(d, set()).add(b)
         return cls({k: frozenset(v) for k, v in out.items()})
+
+
+def broker_domains(
+    registered: Mapping[BrokerId, str | None], admin: Mapping[str, Iterable[BrokerId]]
+) -> dict[BrokerId, str]:
+    """Each broker's failure domain: an admin-created domain, else its own `broker.domain`.
+
+    The one merge of the two sources. It never fails: the running leader places with it
+    whatever the store holds (an admin domain wins a conflict); `FailureDomains.merge`
+    refuses the conflicts when an operator creates a domain."""
+    out = {b: d for b, d in registered.items() if d}
+    for name, brokers in sorted(admin.items()):
+        out.update(dict.fromkeys(brokers, name))
+    return out
 
 
 def namespaces_by_broker(snapshot: ClusterSnapshot) -> dict[BrokerId, set[str]]:
