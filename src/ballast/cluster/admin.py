@@ -456,7 +456,7 @@ class AdminClient:
     async def _apply(self, moves: Sequence[Move], view: ClusterView) -> list[MoveOutcome]:
         outcomes = []
         now = self.clock.now()
-        for seq, move in enumerate(moves):
+        for move in moves:
             owners = view.owners.get(move.topic, {})
             if move.from_broker not in owners:
                 owner = view.owner(move.topic)
@@ -472,10 +472,7 @@ class AdminClient:
             recorded = Move(
                 move.topic, move.from_broker, move.to_broker, "Admin", move.estimated_load, now
             )
-            relocation = Relocation(
-                recorded, owners[move.from_broker], keys.rebalancing_history(now, seq)
-            )
-            guard, ops = move_write(relocation, now)
+            guard, ops = move_write(Relocation(recorded, owners[move.from_broker]), now)
             result = await self.store.txn([guard], ops)
             outcomes.append(
                 MoveOutcome(

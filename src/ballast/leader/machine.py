@@ -181,7 +181,6 @@ class LeaderMachine:
         self.last_decision: Decision | None = None
         self.bootstrapped = False
         self._ids = itertools.count(1)
-        self._seq = itertools.count()
         self._inflight: dict[int, _InFlight] = {}
         self._dirty = False
         self._reports_dirty = False
@@ -776,8 +775,7 @@ class LeaderMachine:
             if revision is None:
                 out.metric("failures")
                 continue
-            history_key = keys.rebalancing_history(now, next(self._seq) % 1_000_000)
-            relocations.append(Relocation(move, revision, history_key))
+            relocations.append(Relocation(move, revision))
         if not relocations:
             return []
         return [MoveTopics(tuple(relocations), after, decision.explain(), now)]

@@ -7,14 +7,17 @@ time (lookups are rare: one per producer or consumer (re)creation).
 
 from __future__ import annotations
 
-import asyncio
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from ballast.clock import Clock
 from ballast.metadata import Compare, MetadataStore, Put, keys
+from ballast.metadata.records import Registration, parse_owner_value
 from ballast.model import MarkerReason, ModelError, TopicName, UnassignedMarker
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_NAMESPACE", "Directory", "Owner", "partition_index"]
 
@@ -46,24 +49,23 @@ class Directory:
         self.clock = clock
 
     async def owner(self, topic: TopicName) -> Owner | None:
-        """The registered broker that owns `topic` now, if any."""
-        listing = await self.store.get_prefix(keys.REGISTER_PREFIX)
-        registrations: dict[str, str] = {}
-        for kv in listing.items:
-            try:
-                broker = keys.parse_register_key(kv.key)
-            except ValueError:
-                continue
-            url = kv.value.get("broker_url") if isinstance(kv.value, dict) else None
-            if isinstance(url, str) and url:
-                registrations[broker] = url
-        found = await asyncio.gather(
-            *(self.store.get(keys.broker_assignment(b, topic)) for b in registrations)
-        )
-        for broker, assigned in zip(registrations, found, strict=True):
-            if assigned is not None:
-                return Owner(broker, registrations[broker])
-        return None
+        """The registered broker that owns `topic` now, if any (its ownership record)."""
+        record = await self.store.get(keys.topic_owner(topic))
+        if record is None:
+            return None
+        try:
+            broker = parse_owner_value(record.value)
+        except ModelError:
+            return None
+        registered = await self.store.get(keys.register(broker))
+        if registered is None:
+            return None
+        try:
+            url = Registration.from_dict(registered.value).broker_url
+        except ModelError:
+            return None
+        log.info("owner of %s: %s (record rev %s)", topic, broker, record.mod_revision)
+        return Owner(broker, url) if url else None
 
     async def meta(self, topic: TopicName) -> dict[str, Any] | None:
         """The topic's metadata (a JSON object), or None if the topic does not exist."""
