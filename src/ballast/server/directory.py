@@ -7,7 +7,6 @@ time (lookups are rare: one per producer or consumer (re)creation).
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -16,8 +15,6 @@ from ballast.clock import Clock
 from ballast.metadata import Compare, MetadataStore, Put, keys
 from ballast.metadata.records import Registration, parse_owner_value
 from ballast.model import MarkerReason, ModelError, TopicName, UnassignedMarker
-
-log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_NAMESPACE", "Directory", "Owner", "partition_index"]
 
@@ -49,22 +46,25 @@ class Directory:
         self.clock = clock
 
     async def owner(self, topic: TopicName) -> Owner | None:
-        """The registered broker that owns `topic` now, if any (its ownership record)."""
+        """The registered broker that owns `topic` now, if any.
+
+        Read from the topic's ownership record, written and deleted in the same
+        transaction as the owner's assignment key (`records.claim_ops`, `release_ops`): two
+        reads, whatever the number of brokers. A dead owner keeps its record until the
+        leader fails the topic over; its registration is gone by then, so it is no answer.
+        A record or registration that does not decode is no answer either.
+        """
         record = await self.store.get(keys.topic_owner(topic))
         if record is None:
             return None
         try:
             broker = parse_owner_value(record.value)
-        except ModelError:
-            return None
-        registered = await self.store.get(keys.register(broker))
-        if registered is None:
-            return None
-        try:
+            registered = await self.store.get(keys.register(broker))
+            if registered is None:
+                return None
             url = Registration.from_dict(registered.value).broker_url
         except ModelError:
             return None
-        log.info("owner of %s: %s (record rev %s)", topic, broker, record.mod_revision)
         return Owner(broker, url) if url else None
 
     async def meta(self, topic: TopicName) -> dict[str, Any] | None:
@@ -91,12 +91,15 @@ class Directory:
         listing = await self.store.get_prefix(keys.namespace_topics_prefix(base.namespace))
         found: dict[int, str] = {}
         for kv in listing.items:
-            parts = kv.key[len(keys.TOPICS_PREFIX) :].split("/")
-            if len(parts) != 3 or parts[2] != "meta":
+            if not keys.is_topic_meta_key(kv.key):
                 continue
-            index = partition_index(base.name, parts[1])
+            try:
+                topic = keys.parse_topic_meta_key(kv.key)
+            except ValueError:
+                continue  # a foreign key is no partition
+            index = partition_index(base.name, topic.name)
             if index is not None:
-                found[index] = f"/{base.namespace}/{parts[1]}"
+                found[index] = str(topic)
         return [found[i] for i in sorted(found)]
 
     async def namespace_exists(self, namespace: str) -> bool:

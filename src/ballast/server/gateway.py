@@ -150,7 +150,7 @@ class OwnerTable:
                 else:
                     self.urls[broker] = url
             elif key.startswith(keys.BROKERS_PREFIX):
-                if key.endswith("/state") and key.count("/") == 4:
+                if keys.is_broker_state_key(key):
                     return
                 broker, topic = keys.parse_assignment_key(key)
                 owners = self.assigned.setdefault(str(topic), set())
