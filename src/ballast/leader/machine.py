@@ -122,6 +122,7 @@ from ballast.model import (
     LoadReport,
     MarkerReason,
     Move,
+    TopicName,
     UnassignedMarker,
 )
 
@@ -420,7 +421,7 @@ class LeaderMachine:
         layouts = dict(self.view.bundles)
         n = self.pulsar.default_number_of_namespace_bundles
         for topic in itertools.chain(self.view.topics, self.view.markers, self.view.owners):
-            ns = topic.split("/", 2)[1]
+            ns = TopicName.parse(topic).namespace
             if ns not in layouts:
                 layouts[ns] = NamespaceBundles.create(ns, n)
         return layouts
@@ -635,7 +636,7 @@ class LeaderMachine:
             return []
         unload: dict[str, list[tuple[str, BrokerId]]] = {}
         for topic, broker in split.unload:
-            unload.setdefault(topic.split("/", 2)[1], []).append((topic, broker))
+            unload.setdefault(TopicName.parse(topic).namespace, []).append((topic, broker))
         intents: list[Intent] = []
         for ns, layout in sorted(split.layouts.items()):
             if tuple(snap.bundle_boundaries.get(ns, ())) == layout.boundaries:

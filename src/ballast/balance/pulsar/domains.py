@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ballast.model import BrokerId, ClusterSnapshot
+from ballast.model import BrokerId, ClusterSnapshot, TopicName
 
 DEFAULT_DOMAIN = "default"  # Pulsar's name for brokers outside every domain
 
@@ -86,8 +86,10 @@ def broker_domains(
 
 def namespaces_by_broker(snapshot: ClusterSnapshot) -> dict[BrokerId, set[str]]:
     """The namespaces each broker holds (owns at least one topic of)."""
-    # Assigned topic names are validated on the way in (`/ns/topic`): split, don't re-parse.
-    return {b: {t.split("/", 2)[1] for t in topics} for b, topics in snapshot.assignments.items()}
+    return {
+        b: {TopicName.parse(t).namespace for t in topics}
+        for b, topics in snapshot.assignments.items()
+    }
 
 
 def group_counts(
