@@ -7,7 +7,6 @@ bad record can be rejected (and counted) without losing the rest.
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -140,21 +139,22 @@ class TopicName:
             return value
         if not isinstance(value, str):
             raise InvalidTopicName(f"invalid topic name {value!r}: expected a string")
-        return _parse_topic(value)
+        parts = value.split("/")
+        if len(parts) != 3 or parts[0] != "":
+            raise InvalidTopicName(
+                f"invalid topic name {value!r}: expected the form /namespace/topic"
+            )
+        return cls(parts[1], parts[2])
 
     def __str__(self) -> str:
         return f"/{self.namespace}/{self.name}"
 
 
-@functools.lru_cache(maxsize=100_000)
-def _parse_topic(value: str) -> TopicName:
-    # Cached: the decision core and the leader take the namespace of the same topics on
-    # every round (a failed parse raises and is not cached). Bounded: names from clients
-    # pass here too.
-    parts = value.split("/")
-    if len(parts) != 3 or parts[0] != "":
-        raise InvalidTopicName(f"invalid topic name {value!r}: expected the form /namespace/topic")
-    return TopicName(parts[1], parts[2])
+def topic_namespace(topic: str) -> str:
+    """The namespace of a topic name that was validated on its way in (every decoder and
+    command parses names with `TopicName.parse`): what the decision core and the leader
+    group topics by on every round, without parsing 100 000 names again."""
+    return topic.split("/", 2)[1]
 
 
 def topic_str(value: object) -> str:

@@ -25,7 +25,7 @@ from ballast.config import SplitAlgorithm
 from ballast.leader.view import decode_bundles
 from ballast.metadata import Compare, Delete, Put, keys
 from ballast.metadata.records import RecordKind, classify
-from ballast.model import BrokerId, ModelError, TopicName, validate_broker_id
+from ballast.model import BrokerId, ModelError, TopicName, topic_namespace, validate_broker_id
 from ballast.storage.retention import (
     RetentionError,
     RetentionPolicy,
@@ -138,7 +138,7 @@ class NamespaceAdmin:
         view = await self.admin.view()
         groups: dict[BundleRange, list[str]] = {r: [] for r in layout.ranges}
         for t in sorted({*view.owners, *view.topics}):
-            if _namespace_of(t) == ns:
+            if topic_namespace(t) == ns:
                 groups[layout.bundle_for_topic(t)].append(t)
         loads = {t.topic: t for r in view.reports.values() for t in r.topics}
         rows = []
@@ -193,7 +193,7 @@ class NamespaceAdmin:
             except ValueError:
                 continue  # a foreign key is skipped, never fatal
             if kind is RecordKind.TOPIC and topic is not None:
-                counts[_namespace_of(topic)] = counts.get(_namespace_of(topic), 0) + 1
+                counts[topic_namespace(topic)] = counts.get(topic_namespace(topic), 0) + 1
         out: list[dict[str, Any]] = []
         for kv in listing.items:
             try:
@@ -250,7 +250,7 @@ class NamespaceAdmin:
                     loads[t].byte_rate if t in loads else 0.0,
                 )
                 for t in sorted({*view.owners, *view.topics})
-                if _namespace_of(t) == ns and target.contains(_hash(t))
+                if topic_namespace(t) == ns and target.contains(_hash(t))
             ]
             result = split_positions(layout, target, algo, topics, positions, self.pulsar)
             if not result.positions:
@@ -285,7 +285,7 @@ class NamespaceAdmin:
             raise AdminError(str(exc)) from None
         view = await self.admin.view()
         topics = sorted(
-            t for t in view.owners if _namespace_of(t) == ns and target.contains(_hash(t))
+            t for t in view.owners if topic_namespace(t) == ns and target.contains(_hash(t))
         )
         if not topics:
             raise AdminError(f"bundle {layout.full_name(target)} has no assigned topic to unload")
@@ -357,7 +357,3 @@ class NamespaceAdmin:
 
 def _hash(topic: str) -> int:
     return topic_hash(str(TopicName.parse(topic)))
-
-
-def _namespace_of(topic: str) -> str:
-    return TopicName.parse(topic).namespace

@@ -122,8 +122,8 @@ from ballast.model import (
     LoadReport,
     MarkerReason,
     Move,
-    TopicName,
     UnassignedMarker,
+    topic_namespace,
 )
 
 # A round fails over at most this many topics of one dead broker (the rest next round, so
@@ -421,7 +421,7 @@ class LeaderMachine:
         layouts = dict(self.view.bundles)
         n = self.pulsar.default_number_of_namespace_bundles
         for topic in itertools.chain(self.view.topics, self.view.markers, self.view.owners):
-            ns = TopicName.parse(topic).namespace
+            ns = topic_namespace(topic)
             if ns not in layouts:
                 layouts[ns] = NamespaceBundles.create(ns, n)
         return layouts
@@ -636,7 +636,7 @@ class LeaderMachine:
             return []
         unload: dict[str, list[tuple[str, BrokerId]]] = {}
         for topic, broker in split.unload:
-            unload.setdefault(TopicName.parse(topic).namespace, []).append((topic, broker))
+            unload.setdefault(topic_namespace(topic), []).append((topic, broker))
         intents: list[Intent] = []
         for ns, layout in sorted(split.layouts.items()):
             if tuple(snap.bundle_boundaries.get(ns, ())) == layout.boundaries:

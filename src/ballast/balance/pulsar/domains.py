@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ballast.model import BrokerId, ClusterSnapshot, TopicName
+from ballast.model import BrokerId, ClusterSnapshot, topic_namespace
 
 DEFAULT_DOMAIN = "default"  # Pulsar's name for brokers outside every domain
 
@@ -86,10 +86,7 @@ def broker_domains(
 
 def namespaces_by_broker(snapshot: ClusterSnapshot) -> dict[BrokerId, set[str]]:
     """The namespaces each broker holds (owns at least one topic of)."""
-    return {
-        b: {TopicName.parse(t).namespace for t in topics}
-        for b, topics in snapshot.assignments.items()
-    }
+    return {b: {topic_namespace(t) for t in topics} for b, topics in snapshot.assignments.items()}
 
 
 def group_counts(
