@@ -24,7 +24,12 @@ from ballast.cluster.admin import AdminClient, AdminError
 from ballast.config import SplitAlgorithm
 from ballast.leader.view import decode_bundles
 from ballast.metadata import Compare, Delete, Put, keys
-from ballast.metadata.records import RecordKind, classify
+from ballast.metadata.records import (
+    RecordKind,
+    anti_affinity_value,
+    classify,
+    failure_domain_value,
+)
 from ballast.model import BrokerId, ModelError, TopicName, topic_namespace, validate_broker_id
 from ballast.storage.retention import (
     RetentionError,
@@ -127,11 +132,6 @@ class NamespaceAdmin:
             return decode_bundles(ns, kv.value), kv.mod_revision
         except ModelError as exc:
             raise AdminError(f"{kv.key}: unreadable bundles record ({exc})") from None
-
-    async def admin_domains(self) -> dict[str, tuple[BrokerId, ...]]:
-        """The failure domains created by admin (an undecodable record is left out, as
-        the leader's view leaves it out)."""
-        return dict((await self.admin.view()).failure_domains)
 
     async def bundles(self, ns: str) -> BundlesReport:
         layout, revision = await self.layout(ns)
@@ -294,7 +294,7 @@ class NamespaceAdmin:
     async def set_anti_affinity_group(self, ns: str, group: str) -> None:
         if not group or not isinstance(group, str) or "/" in group:
             raise AdminError(f"invalid anti-affinity group {group!r}: give a non-empty name")
-        await self.store.put(keys.anti_affinity_group(_namespace(ns)), {"group": group})
+        await self.store.put(keys.anti_affinity_group(_namespace(ns)), anti_affinity_value(group))
 
     async def set_retention(self, ns: str, time: str | None, size: str | None) -> RetentionPolicy:
         """Set (or, with neither limit, clear) a namespace's storage retention; the owner
@@ -321,9 +321,9 @@ class NamespaceAdmin:
             raise AdminError(str(exc)) from None
         if not members:
             raise AdminError(f"failure domain {name!r}: --broker-list is empty")
-        existing = await self.admin_domains()
-        existing.pop(name, None)
         view = await self.admin.view()
+        existing = dict(view.failure_domains)
+        existing.pop(name, None)
         try:
             FailureDomains.merge(
                 {b: r.domain for b, r in view.registrations.items()},
@@ -331,12 +331,14 @@ class NamespaceAdmin:
             )
         except DomainError as exc:
             raise AdminError(str(exc)) from None
-        await self.store.put(key, {"brokers": members})
+        await self.store.put(key, failure_domain_value(members))
         return DomainInfo(name, tuple(members), "admin")
 
     async def list_failure_domains(self) -> list[DomainInfo]:
-        admin = await self.admin_domains()
+        # The view's failure domains: a record that does not decode is left out, as the
+        # leader leaves it out.
         view = await self.admin.view()
+        admin = view.failure_domains
         out = [DomainInfo(n, bs, "admin") for n, bs in sorted(admin.items())]
         from_brokers: dict[str, list[BrokerId]] = {}
         for b, r in sorted(view.registrations.items()):
@@ -351,7 +353,7 @@ class NamespaceAdmin:
         except ValueError as exc:
             raise AdminError(str(exc)) from None
         if not await self.store.delete(key):
-            known = ", ".join(sorted(await self.admin_domains())) or "none"
+            known = ", ".join(sorted((await self.admin.view()).failure_domains)) or "none"
             raise AdminError(f"failure domain {name!r} does not exist (domains: {known})")
 
 

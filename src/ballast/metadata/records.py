@@ -9,8 +9,9 @@ the admin and the simulator all classify and decode through here.
 - The ownership record (``/cluster/owners/{ns}/{topic}``): `owner_value`, `parse_owner_value`.
 - The assignment value: `Assignment` (model) plus the marker it consumed, so the new owner's
   `TopicHost.load` learns why it received the topic (a move, a failover, a new topic).
-- Pulsar's failure domains and anti-affinity groups (`parse_failure_domain_value`,
-  `parse_anti_affinity_value`); bundle layouts are `balance.pulsar.bundles`' own codec.
+- Pulsar's failure domains and anti-affinity groups (`failure_domain_value`,
+  `anti_affinity_value` and their parsers); bundle layouts have their own codec
+  (`balance.pulsar.bundles`), checked against the key by `leader.view.decode_bundles`.
 
 One error policy: a decoder raises (`KeyLayoutError` for a key, `ModelError` for a value,
 both `ValueError`s naming what is wrong) and never guesses. The caller decides what a bad
@@ -24,7 +25,7 @@ fails, naming the key.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -194,6 +195,16 @@ def parse_assignment_value(
     raw = data.get("marker") if isinstance(data, Mapping) else None
     marker = None if raw is None else UnassignedMarker.from_dict(raw, f"{ctx}.marker")
     return assignment, marker
+
+
+def failure_domain_value(brokers: Iterable[BrokerId]) -> dict[str, Any]:
+    """The value of a failure-domain record (``keys.failure_domain``)."""
+    return {"brokers": sorted(brokers)}
+
+
+def anti_affinity_value(group: str) -> dict[str, Any]:
+    """The value of a namespace's anti-affinity record (``keys.anti_affinity_group``)."""
+    return {"group": group}
 
 
 def parse_failure_domain_value(data: Any, ctx: str = "failure_domain") -> tuple[BrokerId, ...]:
