@@ -189,7 +189,7 @@ async def _until(
 async def _prepare(store: MetadataStore) -> None:
     registered = await store.get_prefix(keys.REGISTER_PREFIX)
     if registered.items:
-        ids = ", ".join(kv.key.removeprefix(keys.REGISTER_PREFIX) for kv in registered.items)
+        ids = ", ".join(ClusterView.from_listings(registered)[0].brokers())
         raise RuntimeError(
             f"the store already has registered brokers ({ids}); the demo needs an empty "
             "cluster (use the embedded store, or an etcd nobody else uses)"
