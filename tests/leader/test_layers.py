@@ -86,15 +86,18 @@ def test_no_module_imports_itself_through_another() -> None:
         modules[name] = path
     graph = {m: {t for t in imports_of(p) if t in modules and t != m} for m, p in modules.items()}
     cycles = []
-    for start in sorted(graph):
-        # Depth-first from `start`, looking for a way back to it.
-        stack, seen = [(start, (start,))], set()
-        while stack:
-            module, path = stack.pop()
-            for target in sorted(graph[module]):
-                if target == start:
-                    cycles.append(" -> ".join((*path, start)))
-                elif target not in seen:
-                    seen.add(target)
-                    stack.append((target, (*path, target)))
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        # Depth-first; a module met again on the current path closes a cycle.
+        for target in sorted(graph[module]):
+            if target in path:
+                cycles.append(" -> ".join((*path[path.index(target) :], target)))
+            elif target not in done:
+                visit(target, (*path, target))
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, (module,))
     assert cycles == []
