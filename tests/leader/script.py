@@ -2,6 +2,9 @@
 ``testdata/*.txt``: each block is a command, its input lines, ``----`` and the expected
 effects. ``REWRITE=1 pytest tests/leader`` rewrites the expected outputs in place.
 
+The store is a `StoreCore` (the simulator's, etcd's revisions: an empty store is at
+revision 1) and ``run`` performs writes with `leader.perform.drive`, as the simulator does.
+
 Commands (times are seconds of a fake clock, ``now=``):
 
 - ``config strategy=fair enabled=true ...``: a fresh configuration (rebalancing keys;
@@ -35,15 +38,15 @@ from ballast.leader import (
     Bootstrap,
     LeaderMachine,
     Ready,
-    Refreshed,
     Tick,
     Watched,
     Write,
     WriteDone,
     effects_text,
 )
-from ballast.metadata import KeyValue, WatchEvent, keys
-from ballast.simulate.store import SimStore, drive
+from ballast.leader.perform import drive, refreshed
+from ballast.metadata import Delete, Put, WatchEvent, keys
+from ballast.metadata.core import StoreCore, watch_log
 
 
 @dataclass
@@ -92,7 +95,7 @@ def render(blocks: list[Block], outputs: list[list[str]], header: str) -> str:
 @dataclass
 class Runner:
     config: BallastConfig = field(default_factory=lambda: parse_config({}))
-    store: SimStore = field(default_factory=SimStore)
+    store: StoreCore = field(default_factory=lambda: StoreCore(lambda: 0.0))
     machine: LeaderMachine | None = None
     pending: list[Write] = field(default_factory=list)
 
@@ -130,9 +133,12 @@ class Runner:
         self.config = parse_config({"load_manager": lm})
         return []
 
+    def __post_init__(self) -> None:
+        self.events = watch_log(self.store)
+
     def _changes(self, lines: list[str]) -> list[WatchEvent]:
-        before = len(self.store.events)
-        grouped: list[tuple[str, str, Any]] | None = None
+        before = len(self.events)
+        grouped: list[Put | Delete] | None = None
         errors: list[WatchEvent] = []
         for line in lines:
             verb, _, rest = line.strip().partition(" ")
@@ -142,38 +148,37 @@ class Runner:
                 continue
             if verb == "end":
                 assert grouped is not None
-                self.store.revision += 1
-                for kind, k, value in grouped:
-                    if kind == "put":
-                        self.store._put(k, value)
-                    else:
-                        self.store._delete(k)
+                self.store.txn([], grouped)
                 grouped = None
                 continue
             if verb == "error":
                 # An undecodable value: the store holds it, the watch reports an error.
-                revision = self.store.put(key, "<not JSON>")
-                self.store.events.pop()
+                revision = self.store.put_raw(key, b"<not JSON>")
+                self.events.pop()
                 errors.append(WatchEvent("error", key, None, revision, f"{key}: not JSON"))
                 continue
             value = json.loads(raw) if raw else None
-            if grouped is not None:
-                grouped.append((verb, key, value))
-            elif verb == "put":
-                self.store.put(key, value)
+            if verb == "put":
+                op: Put | Delete = Put(key, value)
             elif verb == "delete":
-                self.store.delete(key)
+                op = Delete(key)
             else:
                 raise ValueError(f"unknown change {line!r}")
-        return [*self.store.events[before:], *errors]
+            if grouped is not None:
+                grouped.append(op)
+            elif isinstance(op, Put):
+                self.store.put(key, value)
+            else:
+                self.store.delete(key)
+        return [*self.events[before:], *errors]
 
     def cmd_bootstrap(self, block: Block, now: float) -> list[str]:
         self._changes(block.input)
         self.pending = []
         leader = block.args.get("leader", "b1")
         self.machine = LeaderMachine(leader, int(block.args.get("term", 1)), self.config)
-        cluster = self.store.listing(keys.CLUSTER_PREFIX)
-        topics = self.store.listing(keys.TOPICS_PREFIX)
+        cluster = self.store.get_prefix(keys.CLUSTER_PREFIX)
+        topics = self.store.get_prefix(keys.TOPICS_PREFIX)
         return self._step(Bootstrap(cluster, topics, now))
 
     def cmd_watch(self, block: Block, now: float) -> list[str]:
@@ -202,7 +207,7 @@ class Runner:
         pending, self.pending = self.pending, []
         out: list[str] = []
         for write in pending:
-            fresh = tuple(_refreshed(self.store.get(k), k) for k in write.touched_keys())
+            fresh = tuple(refreshed(k, self.store.get(k)) for k in write.touched_keys())
             out += self._step(WriteDone(write.id, False, 0, now, fresh))
         return out
 
@@ -210,7 +215,7 @@ class Runner:
         prefix = block.args.get("prefix", "/")
         return [
             f"{kv.key} {json.dumps(_stable(kv.value), sort_keys=True)}"
-            for kv in self.store.listing(prefix).items
+            for kv in self.store.get_prefix(prefix).items
         ]
 
     def cmd_owners(self, block: Block, now: float) -> list[str]:
@@ -229,12 +234,6 @@ def _stable(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _stable(v) for k, v in value.items() if k not in ("timestamp", "assigned_at")}
     return value
-
-
-def _refreshed(kv: KeyValue | None, key: str) -> Refreshed:
-    if kv is None:
-        return Refreshed(key, present=False)
-    return Refreshed(key, kv.value, kv.mod_revision)
 
 
 def run_file(path: Path) -> tuple[str, str]:

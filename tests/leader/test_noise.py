@@ -16,10 +16,11 @@ from typing import Any
 
 from ballast.config import parse_config
 from ballast.leader import Bootstrap, LeaderMachine, Ready, Tick, Watched
+from ballast.leader.perform import drive
 from ballast.metadata import Put, keys
+from ballast.metadata.core import StoreCore, watch_log
 from ballast.metadata.records import Registration, TopicMeta
 from ballast.model import LoadReport, Move, TopicLoad, UnassignedMarker
-from ballast.simulate.store import SimStore, drive
 
 BROKERS = ("b1", "b2", "b3")
 RULES_OFF = {"smoothing_weight": 0, "min_imbalance": 0, "return_window_seconds": 0}
@@ -42,7 +43,8 @@ def run(minutes: int, seed: int, **rebalancing: Any) -> list[tuple[str, str, str
         }
     )
     rng = random.Random(seed)
-    store = SimStore()
+    store = StoreCore(lambda: now)
+    changes = watch_log(store)
     now = 1_700_000_000.0
     for b in BROKERS:
         store.put(keys.register(b), Registration(f"{b}:6650").to_dict())
@@ -52,20 +54,20 @@ def run(minutes: int, seed: int, **rebalancing: Any) -> list[tuple[str, str, str
     def keep(ready: Ready) -> None:
         moved.extend(ready.moved)
 
-    machine_seen = len(store.events)
+    machine_seen = len(changes)
     ready = machine.step(
-        Bootstrap(store.listing(keys.CLUSTER_PREFIX), store.listing(keys.TOPICS_PREFIX), now)
+        Bootstrap(store.get_prefix(keys.CLUSTER_PREFIX), store.get_prefix(keys.TOPICS_PREFIX), now)
     )
     drive(machine, store, ready, now, on_ready=keep)
     serving: dict[str, set[str]] = {b: set() for b in BROKERS}
-    reacted = len(store.events)
+    reacted = len(changes)
 
     def settle() -> None:
         nonlocal machine_seen, reacted
         while True:
             # The brokers: serve what is assigned, seal what is taken away.
-            while reacted < len(store.events):
-                event = store.events[reacted]
+            while reacted < len(changes):
+                event = changes[reacted]
                 reacted += 1
                 if event.key.startswith(keys.BROKERS_PREFIX) and not keys.is_broker_state_key(
                     event.key
@@ -79,10 +81,10 @@ def run(minutes: int, seed: int, **rebalancing: Any) -> list[tuple[str, str, str
                         if kv is not None:
                             marker = UnassignedMarker.from_dict(kv.value)
                             store.put(keys.unassigned(topic), replace(marker, ready=True).to_dict())
-            if machine_seen == len(store.events):
+            if machine_seen == len(changes):
                 return
-            events = tuple(store.events[machine_seen:])
-            machine_seen = len(store.events)
+            events = tuple(changes[machine_seen:])
+            machine_seen = len(changes)
             drive(machine, store, machine.step(Watched(events, now)), now, on_ready=keep)
 
     for i in range(30):  # created one after another

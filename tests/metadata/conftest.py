@@ -14,6 +14,7 @@ _TESTS_DIR = str(Path(__file__).resolve().parents[1])
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
+from core_store import CoreStore  # noqa: E402
 from etcd_fixtures import (  # noqa: E402
     EtcdServer,
     etcd_cluster,
@@ -32,13 +33,19 @@ def prefix() -> str:
     return f"/test-{uuid.uuid4().hex[:12]}/"
 
 
-@pytest.fixture(params=["memory", "etcd"])
+@pytest.fixture(params=["memory", "core", "etcd"])
 async def store(
     request: pytest.FixtureRequest, etcd_server: EtcdServer
-) -> AsyncIterator[MemoryStore | EtcdStore]:
-    """Each contract test runs once against `MemoryStore` and once against `EtcdStore`."""
-    s: MemoryStore | EtcdStore
-    s = MemoryStore() if request.param == "memory" else EtcdStore(etcd_server.client_url, timeout=5)
+) -> AsyncIterator[MemoryStore | CoreStore | EtcdStore]:
+    """Each contract test runs against `MemoryStore`, its synchronous core (the
+    simulator's store) and `EtcdStore`."""
+    s: MemoryStore | CoreStore | EtcdStore
+    if request.param == "memory":
+        s = MemoryStore()
+    elif request.param == "core":
+        s = CoreStore()
+    else:
+        s = EtcdStore(etcd_server.client_url, timeout=5)
     async with s:
         yield s
 

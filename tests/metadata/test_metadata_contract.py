@@ -1,4 +1,5 @@
-"""The `MetadataStore` contract: every test runs against `MemoryStore` and `EtcdStore`."""
+"""The `MetadataStore` contract: every test runs against `MemoryStore`, its synchronous core
+(`StoreCore`, the simulator's store) and `EtcdStore`."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 import contextlib
 
 import pytest
+from core_store import CoreStore
 from metadata_helpers import assert_quiet, eventually, next_event, take
 
 from ballast.metadata import (
@@ -24,7 +26,7 @@ from ballast.metadata import (
 
 pytestmark = pytest.mark.timeout(30)
 
-Store = MemoryStore | EtcdStore
+Store = MemoryStore | CoreStore | EtcdStore
 
 
 def test_both_stores_satisfy_the_protocol(store: Store) -> None:

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import grpc
 import pytest
 
-from ballast.server.dispatch import Delivery, SubscriptionDispatcher, drain, fnv1a64
+from ballast.server.dispatch import (
+    ConsumerHandle,
+    Delivery,
+    SubscriptionDispatcher,
+    drain,
+    fnv1a64,
+)
 from ballast.server.errors import RpcFailure
 
 
@@ -136,3 +143,138 @@ async def test_key_shared_a_key_without_a_consumer_holds_back_only_that_key() ->
     asia = sub.join("asia", "key_shared", ("asia-*",), 0.0)
     qa = asia.attach()
     assert offsets(qa) == [0, 2]
+
+
+async def test_acks_persisted_above_the_cursor_are_not_delivered_again() -> None:
+    """A new owner (a move, a failover) starts from the cursor and the acks above it."""
+    sub = SubscriptionDispatcher(
+        "s", "shared", window=10, reliable=True, buffer=100,
+        start_cursor=0, acked_above=((2, 4), (6, 6)),
+    )  # fmt: skip
+    q = sub.join("c", "shared", (), 0.0).attach()
+    for i in range(1, 9):
+        sub.offer(d(i))
+    assert offsets(q) == [1, 5, 7, 8]
+    assert sub.cursor == 0
+    assert sub.ack(5) and sub.acked_above_cursor(5)
+    assert sub.ack(1) and sub.cursor == 6  # 2..4 and 6 were acked before the move
+    assert not sub.acked_above_cursor(5)
+    assert sub.ack(2)  # a duplicate ack of what the previous owner had: fine
+
+
+def key_shared(window: int = 10) -> SubscriptionDispatcher:
+    return reliable("key_shared", window=window)
+
+
+async def test_key_shared_a_joining_consumer_gets_its_keys_once_the_other_acked_them() -> None:
+    sub = key_shared(window=50)
+    a = sub.join("a", "key_shared", (), 0.0)
+    qa = a.attach()
+    keys = [f"k{i}" for i in range(20)]
+    for i, key in enumerate(keys):
+        sub.offer(d(i, key))
+    assert offsets(qa) == list(range(20))
+    b = sub.join("b", "key_shared", (), 0.0)
+    qb = b.attach()  # joins while a holds one unacked message of every key
+    for i, key in enumerate(keys, start=20):
+        sub.offer(d(i, key))
+    kept = offsets(qa)  # a's keys go on at a; b's keys wait for a's acks
+    assert offsets(qb) == []
+    assert 3 <= len(kept) <= 17  # rendezvous hashing: b takes part of the keys
+    for i in range(20):
+        sub.ack(i)
+    moved = offsets(qb)
+    assert sorted(kept + moved) == list(range(20, 40))
+    # Placement is stable: the same keys go to the same consumers again.
+    for i in range(20, 40):
+        sub.ack(i)
+    for i, key in enumerate(keys, start=40):
+        sub.offer(d(i, key))
+    assert [o - 20 for o in offsets(qa)] == kept and [o - 20 for o in offsets(qb)] == moved
+
+
+async def test_key_shared_a_leavers_unacked_go_first_and_in_order() -> None:
+    """What the leaving consumer held of a key reaches the next consumer before that
+    key's newer messages, even while the next consumer's window is full."""
+    sub = key_shared(window=2)
+    a = sub.join("a", "key_shared", (), 0.0)
+    qa = a.attach()
+    for i in range(4):
+        sub.offer(d(i, "k"))
+    assert offsets(qa) == [0, 1]  # 2 and 3 wait for a's window
+    b = sub.join("b", "key_shared", (), 0.0)
+    qb = b.attach()
+    assert offsets(qb) == []  # k stays with a: it holds 0 and 1
+    a.detach(qa)
+    sub.offer(d(4, "k"))
+    got = offsets(qb)
+    for _ in range(3):
+        for offset in got:
+            sub.ack(offset)
+        got += offsets(qb)
+    assert got == [0, 1, 2, 3, 4]
+
+
+class OrderCheck:
+    """Wraps a dispatcher's `_give`: whenever a message of a key is given to a consumer,
+    every older message of that key must be acked or held by that same consumer."""
+
+    def __init__(self, sub: SubscriptionDispatcher) -> None:
+        self.key_of: dict[int, str] = {}
+        self.acked: set[int] = set()
+        self.violations: list[str] = []
+        self._give = sub._give
+        sub._give = self.give  # type: ignore[method-assign]
+
+    def give(self, c: ConsumerHandle, x: Delivery) -> None:
+        self.violations += [
+            f"{x.offset} to {c.name} while {older} is elsewhere"
+            for older, key in self.key_of.items()
+            if key == x.key and older < x.offset
+            and older not in self.acked and older not in c.unacked
+        ]  # fmt: skip
+        self._give(c, x)
+
+
+async def test_key_shared_per_key_order_holds_under_random_joins_leaves_and_acks() -> None:
+    rng = random.Random(4)
+    for _ in range(40):
+        sub = key_shared(window=rng.randint(1, 4))
+        check = OrderCheck(sub)
+        for _ in range(300):
+            op = rng.random()
+            names = sorted(sub.consumers)
+            if op < 0.1 or not names:  # a new consumer, or a takeover of a stream
+                sub.join(rng.choice("abcd"), "key_shared", (), 0.0).attach()
+            elif op < 0.15:
+                c = sub.consumers[rng.choice(names)]
+                if c.queue is not None:
+                    c.detach(c.queue)
+            elif op < 0.18:
+                sub.remove(sub.consumers[rng.choice(names)])
+            elif op < 0.55:
+                offset = len(check.key_of)
+                check.key_of[offset] = f"k{rng.randint(0, 5)}"
+                sub.offer(d(offset, check.key_of[offset]))
+            else:
+                c = sub.consumers[rng.choice(names)]
+                if c.unacked:
+                    offset = rng.choice(sorted(c.unacked))
+                    check.acked.add(offset)
+                    assert sub.ack(offset)
+                    assert offset not in c.unacked
+        assert check.violations == []
+
+
+async def test_an_acked_copy_left_in_an_ended_stream_is_not_delivered_again() -> None:
+    """The client acked what it read; copies still queued in the stream when it ended
+    go back, but not those already acked (the cursor passed them)."""
+    sub = reliable()
+    c = sub.join("c", "shared", (), 0.0)
+    q = c.attach()
+    for i in range(3):
+        sub.offer(d(i))
+    sub.ack(0)
+    sub.ack(1)  # acked while their copies still wait in the stream's queue
+    c.detach(q)
+    assert offsets(c.attach()) == [2]

@@ -398,6 +398,34 @@ async def test_a_deposed_owner_cannot_move_the_new_owners_cursors_back(
         await a.seal()
 
 
+async def test_acks_above_the_cursor_survive_a_failover_and_a_deposed_owner_cannot_add_any(
+    tmp_path: Path, kw: dict[str, Any], metadata: MemoryStore
+) -> None:
+    """Failover: the next owner resumes where the periodic flush left the cursor and the
+    acks above it; the deposed owner's late acks are never written."""
+    a = make_topic("a", tmp_path, **kw)
+    await a.open()
+    await append_range(a, 0, 10)
+    await a.subscribe("s", initial=InitialPosition.EARLIEST)
+    await a.ack("s", 0)
+    for offset in (3, 4, 5, 7):  # 1, 2 and 6 are still out
+        await a.ack_above("s", offset)
+    await a.flush_cursors()
+    async with make_topic("b", tmp_path, **kw) as b:  # a stalled; b took the topic over
+        moved = await b.subscribe("s")
+        assert (moved.start_offset, moved.acked_above) == (1, ((3, 5), (7, 7)))
+        await a.ack_above("s", 6)  # the deposed owner's late ack…
+        with pytest.raises(TopicFencedError):
+            await a.flush_cursors()  # …is never written
+        await b.ack("s", 2)
+        await b.flush_cursors()
+    cursor = await metadata.get(keys.subscription_cursor(TOPIC, "s"))
+    assert cursor is not None
+    # 1 and 2 acked: the cursor moves through 3..5 too.
+    assert (cursor.value["last_acked_offset"], cursor.value["acked_above"]) == (5, [[7, 7]])
+    await crash_with_disk(a)
+
+
 async def test_a_crash_between_the_object_write_and_its_commit_acknowledges_nothing(
     tmp_path: Path, kw: dict[str, Any]
 ) -> None:

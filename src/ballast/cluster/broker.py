@@ -6,7 +6,9 @@
   sampler (psutil by default) and per-topic traffic from its `TopicHost`. The report key is
   bound to the same lease, so a dead broker's report vanishes with its registration.
 - Watches its own prefix ``/cluster/brokers/{id}/`` (its state and its assignments) and
-  makes the host match it: an assignment put loads the topic, a delete unloads it.
+  makes the host match it: an assignment put loads the topic, a delete unloads it. What
+  each change means is decided by `BrokerMachine` (`leader/broker_machine.py`, pure and
+  shared with the simulator's brokers); this node performs its effects.
 - A delete caused by a move comes with a marker ``{from_broker: me, ready: false}``: the
   broker unloads gracefully (the host seals the topic) and only then sets ``ready: true``,
   which lets the leader assign the topic to its target.
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
 from typing import Any
 
 from ballast.clock import Clock
@@ -34,25 +35,22 @@ from ballast.cluster.metrics import ClusterMetrics
 from ballast.cluster.resources import PsutilSampler, ResourceSampler
 from ballast.cluster.service import Service, keep_alive, watching
 from ballast.config import BallastConfig
-from ballast.leader.records import Registration, parse_assignment_value, release_ops
+from ballast.leader.broker_machine import BrokerEffect, BrokerMachine, GiveBack, Load, Unload
 from ballast.metadata import (
-    Compare,
     Lease,
     Listing,
     MetadataError,
     MetadataStore,
-    Put,
     WatchEvent,
     keys,
 )
+from ballast.metadata.records import Registration
 from ballast.model import (
     BrokerId,
     BrokerMode,
     BrokerState,
     LoadReport,
-    MarkerReason,
     ModelError,
-    UnassignedMarker,
     validate_broker_id,
 )
 from ballast.storage import SealError
@@ -99,14 +97,23 @@ class BrokerNode(Service):
         )
         self.retry_delay = retry_delay
         self.lease: Lease | None = None
-        self.mode = BrokerMode.ACTIVE
-        self.serving: set[str] = set()
+        # What a change of our prefix means is decided there; this shell performs it.
+        self.machine = BrokerMachine(self.broker_id, registered=False)
         self.registered = asyncio.Event()
         self.reports_published = 0
         self._host_lock = asyncio.Lock()
         self._unsealed: dict[str, str] = {}  # topic -> why the host could not seal it
         self._resync = asyncio.Event()
         self._retry_scheduled = False
+
+    @property
+    def mode(self) -> BrokerMode:
+        return self.machine.mode
+
+    @property
+    def serving(self) -> set[str]:
+        """The topics the host serves for us."""
+        return self.machine.serving
 
     def _loop_error(self, loop: str, exc: BaseException) -> None:
         """Log and count a failure a supervised loop survives."""
@@ -149,6 +156,7 @@ class BrokerNode(Service):
             self.serving.clear()
         lease, self.lease = self.lease, None
         self.registered.clear()
+        self.machine.registered = False
         if lease is not None:
             try:
                 await self.store.revoke_lease(lease.id)
@@ -162,6 +170,7 @@ class BrokerNode(Service):
         await self.store.put(keys.register(self.broker_id), self.registration.to_dict(), lease.id)
         self.lease = lease
         self.registered.set()
+        self.machine.registered = True
         log.info("%s: registered (lease %d)", self.name, lease.id)
 
     async def _session_loop(self) -> None:
@@ -171,11 +180,13 @@ class BrokerNode(Service):
                 await keep_alive(lease, self.name)
             # Lost: the leader may already be reassigning our topics; stop serving them now.
             self.registered.clear()
+            self.machine.registered = False
             self.lease = None
             log.warning("%s: registration lost; dropping %d topics", self.name, len(self.serving))
             async with self._host_lock:
                 for topic in sorted(self.serving):
-                    await self._unload(topic)
+                    self.serving.discard(topic)
+                    await self._unload(topic, serving=True)
             while self.lease is None:
                 try:
                     await self._register()
@@ -256,16 +267,16 @@ class BrokerNode(Service):
 
     async def _reconcile(self, listing: Listing) -> None:
         """Make the host serve exactly the listed assignments (after start or resync)."""
-        assigned: dict[str, tuple[str, object, int]] = {}
+        assigned: dict[str, tuple[object, int]] = {}
         for kv in listing.items:
             if kv.key == keys.broker_state(self.broker_id):
-                self._set_mode(kv.value)
+                await self._perform(self.machine.set_state(kv.value))
                 continue
             try:
                 _, name = keys.parse_assignment_key(kv.key)
             except ValueError:
                 continue
-            assigned[str(name)] = (kv.key, kv.value, kv.mod_revision)
+            assigned[str(name)] = (kv.value, kv.mod_revision)
         for error in listing.undecodable:
             # Assigned all the same (the leader repairs the value); load without a marker.
             self.metrics.reject("assignment")
@@ -274,76 +285,53 @@ class BrokerNode(Service):
                 _, name = keys.parse_assignment_key(error.key)
             except ValueError:
                 continue
-            assigned[str(name)] = (error.key, None, 0)
+            assigned[str(name)] = (None, 0)
         for topic in sorted(self.serving - set(assigned)):
-            await self._on_unassigned(topic)
-        for topic, (key, value, revision) in sorted(assigned.items()):
-            await self._on_assigned(topic, key, value, revision)
+            await self._perform(self.machine.unassigned(topic))
+        for topic, (value, revision) in sorted(assigned.items()):
+            now = self.clock.now()
+            await self._perform(self.machine.assigned(topic, value, revision, now))
         await self._release_stale_markers()
 
     async def _on_event(self, event: WatchEvent) -> None:
-        if event.key == keys.broker_state(self.broker_id):
-            if event.kind == "delete":
-                self.mode = BrokerMode.ACTIVE
-            elif event.kind == "put":
-                self._set_mode(event.value)
-            return
-        try:
-            _, topic_name = keys.parse_assignment_key(event.key)
-        except ValueError:
-            self.metrics.reject("key")
-            log.warning("%s: ignoring foreign key %r", self.name, event.key)
-            return
-        topic = str(topic_name)
-        if event.kind == "put":
-            await self._on_assigned(topic, event.key, event.value, event.revision)
-        elif event.kind == "delete":
-            await self._on_unassigned(topic)
-        elif event.kind == "error":
-            self.metrics.reject("assignment")
-            log.warning("%s: bad assignment value: %s", self.name, event.error)
+        await self._perform(self.machine.watched(event, self.clock.now()))
 
-    def _set_mode(self, value: object) -> None:
-        try:
-            self.mode = BrokerState.from_dict(value).mode  # type: ignore[arg-type]
-        except ModelError as exc:
-            self.metrics.reject("broker_state")
-            log.warning("%s: bad state value, keeping %s: %s", self.name, self.mode, exc)
+    async def _perform(self, effects: list[BrokerEffect]) -> None:
+        """Perform what the machine decided, in order."""
+        for effect in effects:
+            if isinstance(effect, Load):
+                await self._load(effect)
+            elif isinstance(effect, Unload):
+                if await self._unload(effect.topic, effect.serving):
+                    await self._mark_ready(effect.topic)
+            elif isinstance(effect, GiveBack):
+                result = await self.store.txn(effect.compares, effect.ops)
+                if result.succeeded:
+                    log.info(
+                        "%s: %s is draining; bounced %s", self.name, self.mode.value, effect.topic
+                    )
+            else:
+                self.metrics.reject(effect.kind)
+                log.warning("%s: %s", self.name, effect.message)
 
-    async def _on_assigned(self, topic: str, key: str, value: object, revision: int) -> None:
-        if topic in self.serving or not self.registered.is_set():
-            return
-        if self.mode is not BrokerMode.ACTIVE:
-            await self._bounce(topic, key, revision)
-            return
+    async def _load(self, effect: Load) -> None:
         try:
-            _, marker = parse_assignment_value(value)
-        except ModelError as exc:
-            self.metrics.reject("assignment")
-            log.warning("%s: bad assignment of %s (loading anyway): %s", self.name, topic, exc)
-            marker = None
-        try:
-            await self.host.load(topic, marker)
+            await self.host.load(effect.topic, effect.marker)
         except Exception as exc:
             self._loop_error("load", exc)
             self._retry_later()
             return
-        self.serving.add(topic)
-        log.debug("%s: loaded %s", self.name, topic)
+        self.machine.loaded(effect.topic)
+        log.debug("%s: loaded %s", self.name, effect.topic)
 
-    async def _on_unassigned(self, topic: str) -> None:
-        if await self._unload(topic):
-            await self._mark_ready(topic)
-
-    async def _unload(self, topic: str) -> bool:
-        """Stop serving `topic` (sealing it); False if the host failed to unload it.
+    async def _unload(self, topic: str, serving: bool) -> bool:
+        """Stop serving `topic` (sealing it, if `serving`); False if the host failed to.
 
         A topic the host handed over unsealed (`SealError`) counts as unloaded: its marker
         is made ready with ``unsealed`` saying why, not as if it had sealed.
         """
-        if topic not in self.serving:
+        if not serving:
             return True
-        self.serving.discard(topic)
         try:
             await self.host.unload(topic)
         except SealError as exc:
@@ -366,14 +354,13 @@ class BrokerNode(Service):
             if kv is None:
                 return
             try:
-                marker = UnassignedMarker.from_dict(kv.value)
+                ready = self.machine.ready_marker(kv.value, self._unsealed.get(topic))
             except ModelError as exc:
                 self.metrics.reject("marker")
                 log.warning("%s: bad marker for %s: %s", self.name, topic, exc)
                 return
-            if marker.from_broker != self.broker_id or marker.ready:
+            if ready is None:
                 return
-            ready = replace(marker, ready=True, unsealed=self._unsealed.get(topic)).to_dict()
             if await self.store.compare_and_swap(key, kv.mod_revision, ready):
                 log.debug("%s: %s sealed, marker ready", self.name, topic)
                 self._unsealed.pop(topic, None)
@@ -403,33 +390,10 @@ class BrokerNode(Service):
         kv = await self.store.get(key)
         if kv is None:
             return
-        marker = UnassignedMarker(
-            MarkerReason.UNLOAD, from_broker=self.broker_id, timestamp=self.clock.now(), ready=False
-        )
-        result = await self.store.txn(
-            [
-                Compare.mod_revision_equals(key, kv.mod_revision),
-                Compare.absent(keys.unassigned(topic)),
-            ],
-            [*release_ops(self.broker_id, topic), Put(keys.unassigned(topic), marker.to_dict())],
-        )
+        give_back = self.machine.release(topic, kv.mod_revision, self.clock.now())
+        result = await self.store.txn(give_back.compares, give_back.ops)
         if result.succeeded:
             log.warning("%s: released %s: %s", self.name, topic, why)
-
-    async def _bounce(self, topic: str, key: str, revision: int) -> None:
-        """Send an assignment back: we are draining (one transaction, guarded)."""
-        marker = UnassignedMarker(
-            MarkerReason.DRAIN_REDIRECT,
-            from_broker=self.broker_id,
-            timestamp=self.clock.now(),
-            ready=True,
-        )
-        result = await self.store.txn(
-            [Compare.mod_revision_equals(key, revision), Compare.absent(keys.unassigned(topic))],
-            [*release_ops(self.broker_id, topic), Put(keys.unassigned(topic), marker.to_dict())],
-        )
-        if result.succeeded:
-            log.info("%s: %s is draining; bounced %s", self.name, self.mode.value, topic)
 
 
 async def _next_or_none(watch: object, stop: asyncio.Future[Any]) -> WatchEvent | None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 from ballast.aio import first_completed
 from ballast.clock import Clock
@@ -32,6 +31,7 @@ from ballast.metadata import (
     Put,
     keys,
 )
+from ballast.metadata.records import leader_fence, leader_value
 from ballast.model import BrokerId
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class Term:
     @property
     def fence(self) -> Compare:
         """The compare every write of this term carries."""
-        return Compare(keys.LEADER, "create_revision", "==", self.revision)
+        return leader_fence(self.revision)
 
     @property
     def active(self) -> bool:
@@ -62,11 +62,6 @@ class FenceLost(Exception):
     def __init__(self, term: Term) -> None:
         super().__init__(f"leadership term {term.revision} of {term.leader} is over")
         self.term = term
-
-
-def leader_value(broker_id: BrokerId, since: float) -> dict[str, Any]:
-    """The value of the leader key."""
-    return {"broker_id": broker_id, "since": since}
 
 
 class LeaderElection(Service):

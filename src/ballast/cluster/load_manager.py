@@ -42,7 +42,7 @@ from ballast.leader import (
     Write,
     WriteDone,
 )
-from ballast.leader.view import ClusterView
+from ballast.leader.perform import WRITES_IN_FLIGHT, ReadyQueue, refreshed
 from ballast.load_history import HistoryWriter
 from ballast.metadata import (
     MetadataStore,
@@ -54,9 +54,6 @@ from ballast.metadata import (
 )
 
 log = logging.getLogger(__name__)
-
-# Writes of one `Ready` performed at once (they touch disjoint keys).
-WRITES_IN_FLIGHT = 16
 
 
 class Resync(Exception):
@@ -166,14 +163,10 @@ class LeaderSession:
     # -- what the admin, the demo and tests read -------------------------------------------
 
     @property
-    def view(self) -> ClusterView:
-        return self.machine.view
-
-    @property
     def history(self) -> MoveHistory:
         """The moves recorded under ``/cluster/rebalancing_history/``, ours included as
-        soon as their write succeeded (the view applies our writes)."""
-        return MoveHistory.of(self.view.moves.values())
+        soon as their write succeeded."""
+        return self.machine.history
 
     @property
     def episode(self) -> bool:
@@ -234,19 +227,18 @@ class LeaderSession:
 
     # -- performing effects --------------------------------------------------------------
 
-    async def perform(self, ready: Ready) -> None:
-        """Perform `ready` and every `Ready` the outcomes of its writes produce, in order."""
-        queue: deque[Ready] = deque([ready])
-        while queue:
-            current = queue.popleft()
+    async def perform(self, ready: Ready) -> list[Ready]:
+        """Perform `ready` and every `Ready` the outcomes of its writes produce, in order;
+        return them all (the first one included)."""
+        done: list[Ready] = []
+        queue = ReadyQueue(self.machine, ready, WRITES_IN_FLIGHT)
+        for current in queue:
+            done.append(current)
             self.steps += 1
             if current.decision is not None:
                 self.last_decision = current.decision
-            for start in range(0, len(current.writes), WRITES_IN_FLIGHT):
-                chunk = current.writes[start : start + WRITES_IN_FLIGHT]
-                outcomes = await asyncio.gather(*(self._perform_write(w) for w in chunk))
-                for outcome in outcomes:  # fed back in the order the writes were asked for
-                    queue.append(self.machine.step(outcome))
+            for batch in queue.batches(current):
+                queue.feed(await asyncio.gather(*(self._perform_write(w) for w in batch)))
             if current.rankings is not None:
                 await self._fenced([Put(keys.LOAD_BALANCE, current.rankings.payload)])
             for record in current.history:
@@ -258,6 +250,7 @@ class LeaderSession:
                     self.manager.note(line.message)
                 else:
                     log.log(line.level, "%s: %s", self.manager.name, line.message)
+        return done
 
     async def _perform_write(self, write: Write) -> WriteDone:
         try:
@@ -294,10 +287,7 @@ class LeaderSession:
                 log.warning("%s: %s", self.manager.name, exc)
                 out.append(Refreshed(key, undecodable=True))
                 continue
-            if kv is None:
-                out.append(Refreshed(key, present=False))
-            else:
-                out.append(Refreshed(key, kv.value, kv.mod_revision))
+            out.append(refreshed(key, kv))
         return tuple(out)
 
     def _metric(self, delta: MetricDelta) -> None:

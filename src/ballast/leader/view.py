@@ -190,8 +190,7 @@ class ClusterView:
         elif record is RecordKind.LOAD and broker is not None:
             # Kept after a delete: the last report of a dead broker guides its failover.
             if not deleted:
-                # The simulator's store hands over the report itself (there is no wire).
-                report = value if isinstance(value, LoadReport) else LoadReport.from_dict(value)
+                report = LoadReport.from_dict(value)
                 if report.broker_id != broker:
                     raise ModelError(
                         f"load_report.broker_id: {report.broker_id!r} does not match the "

@@ -2,7 +2,8 @@
 
 The stores are imported on first use (`EtcdStore` loads grpc and aetcd, `MemoryStore` the
 asyncio shell): the pure layers (`leader/`, `balance/`, the simulator) use only the
-contract's values and `keys`, and importing them must not load an etcd client.
+contract's values, `keys` and the synchronous `core.StoreCore`, and importing them must
+not load an etcd client.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ the admin and the simulator all classify and decode through here.
 - `classify(key)`: the `RecordKind` of a key under ``/cluster/`` or ``/topics/``, with the
   broker and topic it names.
 - `Registration`: the value at ``/cluster/register/{broker_id}``.
+- `leader_value`: the value at ``/cluster/leader`` (written by the election; the simulator
+  writes it for its leader too); `leader_fence`: the compare of a leadership term.
 - `TopicMeta`: the value at ``/topics/{ns}/{topic}/meta``; a topic exists while it exists.
 - The ownership record (``/cluster/owners/{ns}/{topic}``): `owner_value`, `parse_owner_value`.
 - The assignment value: `Assignment` (model) plus the marker it consumed, so the new owner's
@@ -31,7 +33,7 @@ from enum import StrEnum
 from typing import Any
 
 from ballast.metadata import keys
-from ballast.metadata.store import Delete, Put
+from ballast.metadata.store import Compare, Delete, Put
 from ballast.model import (
     Assignment,
     BrokerId,
@@ -88,6 +90,17 @@ def classify(key: str) -> tuple[RecordKind, BrokerId | None, str | None]:
     if keys.is_topic_meta_key(key):
         return RecordKind.TOPIC, None, str(keys.parse_topic_meta_key(key))
     return RecordKind.OTHER, None, None  # cursors, schemas and other per-topic data
+
+
+def leader_value(broker_id: str, since: float) -> dict[str, Any]:
+    """The value of the leader key."""
+    return {"broker_id": broker_id, "since": since}
+
+
+def leader_fence(term: int) -> Compare:
+    """The compare every write of leadership term `term` (the leader key's create revision)
+    carries: refused once another term has begun."""
+    return Compare(keys.LEADER, "create_revision", "==", term)
 
 
 @dataclass(frozen=True)

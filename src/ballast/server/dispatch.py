@@ -8,8 +8,13 @@ subscription type:
 - ``failover``: the earliest-connected consumer that is still connected (the next one
   takes over, with everything the previous one left unacked, when it goes);
 - ``shared``: round-robin over the connected consumers that have window space;
-- ``key_shared``: by routing key (falling back to the producer name), hashed over the
-  consumers whose glob `key_filters` match the key (no filter: every key).
+- ``key_shared``: by routing key (falling back to the producer name), among the
+  consumers whose glob `key_filters` match the key (no filter: every key): the one of
+  highest rendezvous weight, so a joining consumer takes over about 1/n of the keys and
+  the others keep theirs. Per-key order holds across consumers joining and leaving
+  (reliable): a key whose messages another consumer still holds unacked waits (only
+  that key) until they are acked, and what a departing consumer leaves unacked goes
+  back ahead of everything newer, so each key's older messages are delivered first.
 
 Each consumer holds at most `window` delivered-but-unacked messages, which bounds memory
 and, for reliable topics, how far the storage reader runs ahead. A message a consumer
@@ -18,7 +23,9 @@ a nack sends it back after its delay.
 
 For reliable subscriptions acks arrive in any order (shared, key_shared); the dispatcher
 keeps the lowest offset not yet acked and reports the cursor, "everything up to here is
-acked", as `cursor`; the served topic persists it through the storage engine.
+acked", as `cursor`, and the offsets acked above it; the served topic persists both
+through the storage engine, and a new owner (a move, a failover) starts from them, so
+it delivers again only what was not acked.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import grpc
 
 from ballast.server.auth import Binding
 from ballast.server.errors import RpcFailure
+from ballast.storage.cursor import AckRanges
 
 __all__ = [
     "ConsumerHandle",
@@ -60,6 +68,7 @@ MOVED_ACKS_SECONDS = 10.0
 
 _FNV_OFFSET = 0xCBF29CE484222325
 _FNV_PRIME = 0x100000001B3
+_MASK64 = 0xFFFFFFFFFFFFFFFF
 
 
 def fnv1a64(data: bytes) -> int:
@@ -69,6 +78,15 @@ def fnv1a64(data: bytes) -> int:
         h ^= byte
         h = (h * _FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
     return h
+
+
+def rendezvous_score(key_hash: int, consumer_hash: int) -> int:
+    """A key's weight for one consumer (splitmix64 of the two hashes): the key goes to the
+    consumer of highest weight, so a consumer joining or leaving moves only its keys."""
+    x = (key_hash ^ consumer_hash) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
 
 
 def new_id() -> int:
@@ -99,7 +117,8 @@ class ConsumerHandle:
     dispatcher: SubscriptionDispatcher
     key_filters: tuple[str, ...] = ()
     joined: int = field(default_factory=lambda: next(_join_seq))
-    unacked: dict[int, Delivery] = field(default_factory=dict)
+    unacked: dict[int, Delivery] = field(default_factory=dict)  # change by `hold`/`release`
+    unacked_keys: dict[str, int] = field(default_factory=dict)  # key -> unacked messages
     queue: asyncio.Queue[Delivery | None] | None = None  # the open stream's queue
     closing: bool = False  # the topic is leaving: CLOSE on the next health check
     close_sent: bool = False  # CLOSE was answered: send nothing more, the stream ends soon
@@ -107,6 +126,10 @@ class ConsumerHandle:
     recent: deque[tuple[float, Delivery]] = field(default_factory=lambda: deque(maxlen=256))
     last_seen: float = 0.0
     owner: Binding | None = None  # who may use the id (see `auth.Binding`)
+    name_hash: int = field(init=False)  # KeyShared: the name's part of rendezvous weights
+
+    def __post_init__(self) -> None:
+        self.name_hash = fnv1a64(self.name.encode())
 
     @property
     def connected(self) -> bool:
@@ -116,6 +139,29 @@ class ConsumerHandle:
     def matches(self, key: str) -> bool:
         """Whether this consumer's key filters accept `key` (no filter: everything)."""
         return not self.key_filters or any(fnmatch.fnmatchcase(key, p) for p in self.key_filters)
+
+    def hold(self, d: Delivery) -> None:
+        """`d` was given to this consumer and waits for its ack."""
+        self.unacked[d.offset] = d
+        self.unacked_keys[d.key] = self.unacked_keys.get(d.key, 0) + 1
+
+    def release(self, offset: int) -> Delivery | None:
+        """`offset` is no longer this consumer's (acked, nacked, given back)."""
+        d = self.unacked.pop(offset, None)
+        if d is not None:
+            left = self.unacked_keys[d.key] - 1
+            if left:
+                self.unacked_keys[d.key] = left
+            else:
+                del self.unacked_keys[d.key]
+        return d
+
+    def release_all(self) -> list[Delivery]:
+        """Everything this consumer holds unacked, given back."""
+        held = list(self.unacked.values())
+        self.unacked.clear()
+        self.unacked_keys.clear()
+        return held
 
     def attach(self) -> asyncio.Queue[Delivery | None]:
         """Open a new stream; a previous one of this consumer ends (takeover).
@@ -130,7 +176,7 @@ class ConsumerHandle:
         if old is not None:
             unsent = drain(old)
             for d in unsent:
-                self.unacked.pop(d.offset, None)
+                self.release(d.offset)
             self.dispatcher.requeue(unsent)
             old.put_nowait(None)
         in_flight = list(self.unacked.values())
@@ -142,7 +188,7 @@ class ConsumerHandle:
     def _expire(self, deliveries: list[Delivery]) -> None:
         expired = [d for d in deliveries if self.unacked.get(d.offset) is d]
         for d in expired:
-            del self.unacked[d.offset]
+            self.release(d.offset)
         if expired:
             self.dispatcher.requeue(expired)
             self.dispatcher.pump()
@@ -158,15 +204,14 @@ class ConsumerHandle:
         self.queue = None
         unsent = drain(queue)
         for d in unsent:
-            self.unacked.pop(d.offset, None)
+            self.release(d.offset)
         if keep_sent:
             self.dispatcher.requeue(unsent)
             in_flight = list(self.unacked.values())
             if in_flight:
                 self.dispatcher.schedule(REDELIVERY_GRACE, lambda: self._expire(in_flight))
         else:
-            self.dispatcher.requeue([*unsent, *self.unacked.values()])
-            self.unacked.clear()
+            self.dispatcher.requeue([*unsent, *self.release_all()])
         self.dispatcher.pump()
 
     def end_stream(self) -> None:
@@ -198,6 +243,7 @@ class SubscriptionDispatcher:
         reliable: bool,
         buffer: int,
         start_cursor: int = -1,
+        acked_above: tuple[tuple[int, int], ...] = (),
         buffer_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self.name = name
@@ -224,6 +270,9 @@ class SubscriptionDispatcher:
         self._read_through = start_cursor  # highest offset offered so far
         self._pending: list[int] = []  # heap of offered offsets not yet acked
         self._acked: set[int] = set()  # acked offsets still in the heap (or not yet offered)
+        # Acked above the cursor before this owner opened the subscription (persisted by
+        # the previous owner): skipped when read, forgotten as the cursor passes them.
+        self._acked_before = AckRanges(acked_above) if acked_above else None
         self._holds: dict[int, float] = {}  # offset -> seconds to hold it when offered
         self._delivered: set[int] = set()  # offsets given to a consumer, not yet acked
         self._foreign_acks_until = time.monotonic() + MOVED_ACKS_SECONDS
@@ -266,12 +315,10 @@ class SubscriptionDispatcher:
         """Forget a consumer; its unacked messages go to the others."""
         if self.consumers.get(handle.name) is handle:
             del self.consumers[handle.name]
-        queue = handle.queue
+        unsent = drain(handle.queue) if handle.queue is not None else []
         handle.end_stream()
-        if queue is not None:
-            self.requeue(drain(queue))
-        self.requeue(handle.unacked.values())
-        handle.unacked.clear()
+        # Reliable: what its queue held is among its unacked messages too.
+        self.requeue(handle.release_all() if self.reliable else unsent)
         self.pump()
 
     def _candidates(self) -> list[ConsumerHandle]:
@@ -293,11 +340,8 @@ class SubscriptionDispatcher:
             active = candidates[0]
             return active if self._has_space(active) else None
         if self.sub_type == "key_shared":
-            eligible = sorted((c for c in candidates if c.matches(d.key)), key=lambda c: c.name)
-            if not eligible:
-                return None
-            chosen = eligible[fnv1a64(d.key.encode()) % len(eligible)]
-            return chosen if self._has_space(chosen) else None
+            chosen = self._key_consumer(d.key, candidates)
+            return chosen if chosen is not None and self._has_space(chosen) else None
         n = len(candidates)
         for i in range(n):
             c = candidates[(self._rr + i) % n]
@@ -305,6 +349,28 @@ class SubscriptionDispatcher:
                 self._rr = (self._rr + i + 1) % n
                 return c
         return None
+
+    def _key_consumer(self, key: str, candidates: list[ConsumerHandle]) -> ConsumerHandle | None:
+        """KeyShared: who takes `key` now, space aside (None: the key waits).
+
+        The key belongs to the matching consumer of highest rendezvous weight. While
+        another consumer still holds unacked messages of the key (it had the key before
+        this one joined, or it is away within its redelivery grace), the key waits for
+        those acks ("draining", as Pulsar's PIP-379): two consumers never work on one key
+        at once, and a joining consumer still gets its share of busy keys.
+        """
+        key_hash = fnv1a64(key.encode())
+        owner: ConsumerHandle | None = None
+        best = -1
+        for c in candidates:
+            if c.matches(key):
+                score = rendezvous_score(key_hash, c.name_hash)
+                if score > best:
+                    owner, best = c, score
+        for c in self.consumers.values():
+            if c is not owner and key in c.unacked_keys:  # it holds the key unacked
+                return None
+        return owner
 
     # -- messages ------------------------------------------------------------------------
 
@@ -314,8 +380,10 @@ class SubscriptionDispatcher:
             return
         if self.reliable:
             self._read_through = max(self._read_through, d.offset)
-            if d.offset in self._acked:  # acked before we read it (after a move)
-                self._acked.discard(d.offset)
+            if d.offset in self._acked or (
+                self._acked_before is not None and d.offset in self._acked_before
+            ):
+                self._acked.discard(d.offset)  # acked before we read it (after a move)
                 self._advance()
                 return
             heapq.heappush(self._pending, d.offset)
@@ -343,7 +411,7 @@ class SubscriptionDispatcher:
     def requeue(self, deliveries: Iterable[Delivery]) -> None:
         """Messages to give to a consumer again (before any fresh one), in offset order."""
         items = sorted(
-            (d for d in deliveries if not (self.reliable and d.offset in self._acked)),
+            (d for d in deliveries if not self._is_acked(d.offset)),
             key=lambda d: d.offset,
         )
         for d in items:
@@ -357,16 +425,17 @@ class SubscriptionDispatcher:
         candidates = self._candidates()
         if not candidates:
             return
+        blocked: set[str] = set()  # key_shared: keys waiting, in either queue
         for source in (self._redeliver, self._fresh):
             while source:
                 d = source[0]
-                if self.reliable and d.offset in self._acked:
+                if self._is_acked(d.offset):
                     self._take(source)
                     continue
-                c = self._choose(d, candidates)
+                c = None if d.key in blocked else self._choose(d, candidates)
                 if c is None:
                     if self.sub_type == "key_shared":
-                        self._pump_other_keys(source, candidates)
+                        self._pump_other_keys(source, candidates, blocked)
                     break
                 self._take(source)
                 self._give(c, d)
@@ -381,16 +450,18 @@ class SubscriptionDispatcher:
         if source is self._fresh:
             self._fresh_bytes -= d.size
 
-    def _pump_other_keys(self, source: deque[Delivery], candidates: list[ConsumerHandle]) -> None:
+    def _pump_other_keys(
+        self, source: deque[Delivery], candidates: list[ConsumerHandle], blocked: set[str]
+    ) -> None:
         """KeyShared: a key whose consumer is full (or absent) holds back only that key.
 
         Order is kept per key: once a message of a key waits, every later message of that
-        key waits behind it.
+        key waits behind it, in this queue and (`blocked` is shared) in the fresh one
+        after a redelivered one.
         """
-        blocked: set[str] = set()
         kept: deque[Delivery] = deque()
         for d in source:
-            if self.reliable and d.offset in self._acked:
+            if self._is_acked(d.offset):
                 continue
             c = None if d.key in blocked else self._choose(d, candidates)
             if c is None:
@@ -406,7 +477,7 @@ class SubscriptionDispatcher:
     def _give(self, c: ConsumerHandle, d: Delivery) -> None:
         assert c.queue is not None
         if self.reliable:
-            c.unacked[d.offset] = d
+            c.hold(d)
             self._owner[d.offset] = c
             self._delivered.add(d.offset)
         c.queue.put_nowait(d)
@@ -421,14 +492,14 @@ class SubscriptionDispatcher:
         except during `MOVED_ACKS_SECONDS` after the subscription opened here: then the
         acks of what the previous owner delivered arrive, maybe before we read it.
         """
-        if not self.reliable or offset <= self.cursor or offset in self._acked:
+        if not self.reliable or self._is_acked(offset):
             return True
         if offset not in self._delivered and time.monotonic() > self._foreign_acks_until:
             return False
         self._delivered.discard(offset)
         owner = self._owner.pop(offset, None)
         if owner is not None:
-            owner.unacked.pop(offset, None)
+            owner.release(offset)
         self._acked.add(offset)
         self._advance()
         self.pump()
@@ -469,7 +540,7 @@ class SubscriptionDispatcher:
         owner = self._owner.pop(offset, None)
         if owner is None:
             return
-        d = owner.unacked.pop(offset, None)
+        d = owner.release(offset)
         if d is None:
             return
         if delay_seconds <= 0:
@@ -499,6 +570,23 @@ class SubscriptionDispatcher:
         cursor = pending[0] - 1 if pending else self._read_through
         if cursor > self.cursor:
             self.cursor = cursor
+            if self._acked_before is not None:
+                self._acked_before.trim(cursor)
+                if not self._acked_before:
+                    self._acked_before = None
+
+    def _is_acked(self, offset: int) -> bool:
+        """Reliable: whether `offset` is acked (a copy may still wait in a stream's queue,
+        which a detach gives back: it must not be delivered again)."""
+        return self.reliable and (
+            offset <= self.cursor
+            or offset in self._acked
+            or (self._acked_before is not None and offset in self._acked_before)
+        )
+
+    def acked_above_cursor(self, offset: int) -> bool:
+        """Whether `offset` is acked and above the cursor (to persist on its own)."""
+        return offset > self.cursor and self._is_acked(offset)
 
     # -- figures and shutdown ------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from ballast.aio import TaskOwner
 from ballast.clock import Clock
 from ballast.config import BallastConfig
 from ballast.metadata import MetadataStore, keys
@@ -133,6 +134,9 @@ class DataPlaneHost:
         self._failed_loads: dict[str, UnassignedMarker | None] = {}  # assigned, not opened
         self._assigned: set[str] = set()  # what the broker asked us to serve
         self._opening: dict[str, asyncio.Task[None]] = {}  # topics whose opening runs
+        # The host's background work (openings, releases, the sweep), from `start` to `stop`.
+        self._tasks = TaskOwner(f"dataplane/{broker_id}")
+        self._stopped = False
         # Gives a topic that cannot go on here back to the leader (set by the broker).
         self.release: Callable[[str, str], Coroutine[Any, Any, None]] | None = None
         self._releasing: dict[str, asyncio.Task[None]] = {}
@@ -163,21 +167,23 @@ class DataPlaneHost:
         self._assigned.add(topic)
         if topic in self.topics or topic in self._opening:
             return
-        task = asyncio.create_task(
-            self._load(topic, marker), name=f"dataplane/{self.broker_id}/open{topic}"
-        )
+        if self._stopped:
+            return  # the server is gone (a crash or a stop racing the broker's reaction)
+        task = self._tasks.spawn(self._open(topic, marker), f"open{topic}")
         self._opening[topic] = task
-        task.add_done_callback(lambda done: self._opened(topic, marker, done))
+        task.add_done_callback(lambda done: self._opened(topic, done))
         await asyncio.wait({task}, timeout=OPEN_WAIT_SECONDS)
 
-    def _opened(
-        self, topic: str, marker: UnassignedMarker | None, task: asyncio.Task[None]
-    ) -> None:
+    def _opened(self, topic: str, task: asyncio.Task[None]) -> None:
         if self._opening.get(topic) is task:
             del self._opening[topic]
-        if not task.cancelled() and task.exception() is not None:
+
+    async def _open(self, topic: str, marker: UnassignedMarker | None) -> None:
+        try:
+            await self._load(topic, marker)
+        except Exception as exc:
             # E.g. the metadata store was unreachable: the sweep tries again.
-            log.error("%s: opening %s failed: %s", self.broker_id, topic, task.exception())
+            log.error("%s: opening %s failed: %s", self.broker_id, topic, exc)
             if topic in self._assigned:
                 self._failed_loads[topic] = marker
 
@@ -245,9 +251,9 @@ class DataPlaneHost:
         self.counters.load_failures.inc()
         if self.release is None or topic in self._releasing:
             return
-        task = asyncio.get_running_loop().create_task(
-            self._release(topic, why), name=f"dataplane/{self.broker_id}/release{topic}"
-        )
+        if self._stopped:
+            return  # stopping: the leader fails the topic over
+        task = self._tasks.spawn(self._release(topic, why), f"release{topic}")
         self._releasing[topic] = task
         task.add_done_callback(lambda _: self._releasing.pop(topic, None))
 
@@ -445,16 +451,36 @@ class DataPlaneHost:
             written += 1
         return written
 
-    async def sweep_forever(self, every: float = 5.0) -> None:
-        """Run `sweep` periodically, and retry opening topics that failed (a server task)."""
+    async def start(self) -> None:
+        """Start the host's background work: topic openings, releases and the sweep."""
+        await self._tasks.open()
+        self._tasks.spawn(self._sweep_forever(), "sweep")
+
+    async def stop(self) -> None:
+        """Stop it (the server is stopping): cancel what runs and wait for it."""
+        self._stopped = True
+        self.shutdown()
+        await self._tasks.close()
+
+    async def sweep_once(self) -> None:
+        """Sweep, expire subscriptions, publish pressure and retry failed openings."""
+        self.sweep()
+        await self.expire_subscriptions()
+        await self.publish_pressure()
+        for topic, marker in list(self._failed_loads.items()):
+            if topic in self._assigned and topic not in self.topics:
+                await self.load(topic, marker)
+
+    async def _sweep_forever(self, every: float = 5.0) -> None:
         while True:
             await self.clock.sleep(every)
-            self.sweep()
-            await self.expire_subscriptions()
-            await self.publish_pressure()
-            for topic, marker in list(self._failed_loads.items()):
-                if topic in self._assigned and topic not in self.topics:
-                    await self.load(topic, marker)
+            try:
+                await self.sweep_once()
+            except Exception as exc:
+                # E.g. the metadata store is down: a sweep that stopped for good would
+                # never retry a failed opening again.
+                self.counters.sweep_failures.inc()
+                log.warning("%s: sweep failed, retrying in %.0f s: %s", self.broker_id, every, exc)
 
     async def close(self) -> None:
         """Unload every topic (sealing reliable ones); for owners without a BrokerNode."""

@@ -33,6 +33,11 @@ class DataPlaneMetrics:
             "Assigned topics whose storage could not be opened",
             registry=r,
         )
+        self.sweep_failures = Counter(
+            "ballast_dataplane_sweep_failures",
+            "Periodic sweeps (idle clients, expiry, pressure, retried openings) that failed",
+            registry=r,
+        )
         self.schema_checks = Counter(
             "ballast_dataplane_schema_checks",
             "Sends checked against their topic's schema, by policy and outcome",

@@ -8,13 +8,12 @@ accepting calls and gives open streams a short grace period.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import logging
 
 import grpc
 
-from ballast.aio import Served, cancel_and_wait
+from ballast.aio import Served
 from ballast.config import BallastConfig
 from ballast.server.host import DataPlaneHost
 from ballast.server.limits import DecodeInterceptor
@@ -62,7 +61,6 @@ class DataPlaneServer(Served):
         self.url = ""
         self.port = 0
         self._server: grpc.aio.Server | None = None
-        self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> str:
         """Bind and start serving; returns the advertised ``host:port``."""
@@ -107,9 +105,7 @@ class DataPlaneServer(Served):
         spb_grpc.add_SchemaRegistryServicer_to_server(registry, server)
         await server.start()
         self._server = server
-        self._sweeper = asyncio.create_task(
-            self.host.sweep_forever(), name=f"dataplane/{self.host.broker_id}/sweep"
-        )
+        await self.host.start()
         log.info("%s: data plane serving on %s", self.host.broker_id, self.url)
         if self.config.auth.mode == "none" and not is_loopback(self.bind_host):
             log.warning(
@@ -122,10 +118,7 @@ class DataPlaneServer(Served):
 
     async def stop(self) -> None:
         """Stop serving (open streams get `grace` seconds)."""
-        if self._sweeper is not None:
-            await cancel_and_wait(self._sweeper)
-            self._sweeper = None
-        self.host.shutdown()
+        await self.host.stop()
         server, self._server = self._server, None
         if server is not None:
             await server.stop(self.grace)

@@ -21,6 +21,8 @@ _HELP = {
     "upload_failures": "Failed attempts to write an object or commit its descriptor (retried)",
     "ack_timeouts": "Appends not committed to object storage within ack_timeout (not acked)",
     "reader_retries": "Subscription readers restarted after a storage error",
+    "ack_ranges_dropped": "Acked offsets above a cursor left out of its stored value "
+    "(cursor_ack_ranges; delivered again after a move)",
     "objects_uploaded": "Objects committed to object storage",
     "objects_merged": "Small committed objects rewritten into bigger ones",
 }

@@ -322,6 +322,7 @@ class ReliableServedTopic(ServedTopic):
             reliable=True,
             buffer=self.buffer,
             start_cursor=start - 1,
+            acked_above=position.acked_above,
             buffer_bytes=self.buffer_bytes,
         )
         self._persisted[name] = start - 1
@@ -384,6 +385,10 @@ class ReliableServedTopic(ServedTopic):
         if not dispatcher.ack(offset):
             return False
         await self._persist(dispatcher)
+        if dispatcher.acked_above_cursor(offset) and self.accepting:
+            # Out of order: persisted with the cursor, so the next owner skips it.
+            with contextlib.suppress(TopicStateError, ValueError):
+                await self.storage.ack_above(dispatcher.name, offset)
         return True
 
     async def _persist(self, dispatcher: SubscriptionDispatcher) -> None:

@@ -1,22 +1,24 @@
 """The virtual-time simulator: the leader's own state machine on a simulated cluster.
 
-A `SimStore` (synchronous, etcd's revision and compare semantics) holds the cluster's
-keys; simulated brokers register, publish load reports, serve what is assigned to them
-and seal (instantly) what is taken away; the leader is `LeaderMachine`, the very policy
-the live leader runs (failover, drain, placement, the two phases of a move, rebalancing
-with Danube's rule or a Pulsar shedder, bundle placement and automatic bundle splits),
-fed the store's changes and a tick per step, its writes performed on the store. Each step
-(one rebalancing check interval of virtual time) applies the scenario's events, publishes
-fresh load reports and lets the cluster settle. Hours of rebalancing take seconds and the
-result is deterministic for a seed. `Simulator.inputs` records every event fed to the
-machine, so a run can be replayed into the live leader's machine.
+A `StoreCore` (the synchronous core of `MemoryStore`: etcd's revisions, transactions and
+watch events) holds the cluster's keys; simulated brokers register, publish load reports,
+serve what is assigned to them and seal (instantly) what is taken away; the leader is
+`LeaderMachine`, the very policy the live leader runs (failover, drain, placement, the two
+phases of a move, rebalancing with Danube's rule or a Pulsar shedder, bundle placement and
+automatic bundle splits), fed the store's changes and a tick per step, its writes performed
+on the store as the live shell performs them (`leader.perform`). Each step (one
+rebalancing check interval of virtual time) applies the scenario's events, publishes fresh
+load reports and lets the cluster settle. Hours of rebalancing take seconds and the result
+is deterministic for a seed. `Simulator.inputs` records every event its own shell feeds the
+machine; `Simulator.leader` is that shell, which `tests/simulate/test_replay.py` replaces
+with the live leader's `LeaderSession` to show both decide alike.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -27,8 +29,17 @@ from ballast.balance.rebalance import active_scores
 from ballast.config import BallastConfig
 from ballast.leader import Bootstrap, LeaderMachine, Ready, Tick, Watched
 from ballast.leader import Event as MachineEvent
-from ballast.leader.records import Registration, TopicMeta, claim_ops, parse_assignment_value
+from ballast.leader.broker_machine import BrokerEffect, BrokerMachine, GiveBack, Load, Unload
+from ballast.leader.perform import drive
 from ballast.metadata import Put, keys
+from ballast.metadata.core import StoreCore, watch_log
+from ballast.metadata.records import (
+    Registration,
+    TopicMeta,
+    claim_ops,
+    leader_fence,
+    leader_value,
+)
 from ballast.model import (
     Assignment,
     BrokerId,
@@ -37,13 +48,11 @@ from ballast.model import (
     ClusterSnapshot,
     LoadReport,
     MarkerReason,
-    ModelError,
     Move,
     TopicLoad,
     UnassignedMarker,
 )
 from ballast.simulate.scenario import BrokerSpec, Event, GrowSpec, Scenario, TopicSpec
-from ballast.simulate.store import SimStore, drive
 
 EPOCH = 1_700_000_000.0  # virtual time starts here; scenario times are offsets
 LEADER = "sim-leader"
@@ -108,25 +117,34 @@ class SimResult:
 
 
 class Simulator:
-    """Runs one scenario; `run()` returns the whole timeline."""
+    """Runs one scenario; `run()` returns the whole timeline. `store` (default: a fresh
+    `StoreCore` on the virtual clock) must be empty."""
 
-    def __init__(self, scenario: Scenario) -> None:
+    def __init__(self, scenario: Scenario, store: StoreCore | None = None) -> None:
         self.scenario = scenario
         self.lm = scenario.load_manager
         self.config = BallastConfig(load_manager=scenario.load_manager)
         self.rng = np.random.default_rng(scenario.seed)
-        self.store = SimStore()
+        self.now = EPOCH
+        self.store = store if store is not None else StoreCore(lambda: self.now)
+        self.events = watch_log(self.store)  # every change, read by the brokers and the leader
+        # The leader holds the leader key, as if elected: its create revision is the term
+        # that fences the leader's writes.
+        self.term = self.store.put(keys.LEADER, leader_value(LEADER, EPOCH))
         # Rankings are posted once per timeline sample: nobody reads them in between.
         self.machine = LeaderMachine(
-            LEADER, 1, self.config, rankings_interval=scenario.sample_every_seconds
+            LEADER, self.term, self.config, rankings_interval=scenario.sample_every_seconds
         )
+        # The leader's shell: steps the leader with an event, performs the `Ready` and what
+        # its outcomes produce, and returns every `Ready` in order. The replay test puts the
+        # live leader's `LeaderSession` here.
+        self.leader: Callable[[MachineEvent], list[Ready]] = self._drive
         self.inputs: list[MachineEvent] = []
         self.outputs: list[Ready] = []
         self.brokers: dict[BrokerId, BrokerSpec] = {}
-        self.states: dict[BrokerId, BrokerState] = {}
+        self.machines: dict[BrokerId, BrokerMachine] = {}  # each broker's reactions
         self.assignments: dict[BrokerId, list[str]] = {}
         self.topics: dict[str, _Topic] = {}
-        self.now = EPOCH
         self.result = SimResult(scenario)
         self._watched = 0  # store events delivered to the leader
         self._reacted = 0  # store events the brokers have acted on
@@ -162,14 +180,14 @@ class Simulator:
         return ClusterSnapshot(
             brokers=live,
             reports={b: self._report(b) for b in live},
-            states={b: self.states[b] for b in live},
+            states={b: self.machines[b].state for b in live},
             assignments={b: tuple(self.assignments[b]) for b in live},
             topic_created={name: t.created for name, t in self.topics.items()},
         )
 
     def _add_broker(self, spec: BrokerSpec) -> None:
         self.brokers[spec.id] = spec
-        self.states[spec.id] = BrokerState()
+        self.machines.setdefault(spec.id, BrokerMachine(spec.id)).state = BrokerState()
         self.assignments.setdefault(spec.id, [])
         self.store.put(keys.register(spec.id), Registration(f"{spec.id}:6650").to_dict())
         self.store.put(keys.broker_state(spec.id), BrokerState().to_dict())
@@ -218,42 +236,47 @@ class Simulator:
             # The registration and the load report go with the lease.
             self.store.delete(keys.register(dead))
             self.store.delete(keys.load(dead))
-            del self.brokers[dead], self.states[dead], self.assignments[dead]
+            del self.brokers[dead], self.machines[dead], self.assignments[dead]
 
     def _publish_reports(self) -> None:
         for broker in sorted(self.brokers):
-            # The report object itself: a simulated store has no wire to encode it for.
-            self.store.put(keys.load(broker), self._report(broker))
+            self.store.put(keys.load(broker), self._report(broker).to_dict())
 
-    # --- the brokers' side: serve what is assigned, seal what is taken away -------------
+    # --- the brokers' side: `BrokerMachine`, sealing at once ----------------------------
 
     def _brokers_react(self) -> None:
         """Apply the store's changes the brokers have not seen yet (their own included)."""
-        while self._reacted < len(self.store.events):
-            event = self.store.events[self._reacted]
+        while self._reacted < len(self.events):
+            event = self.events[self._reacted]
             self._reacted += 1
             key = event.key
-            if key.startswith(keys.BROKERS_PREFIX) and not keys.is_broker_state_key(key):
-                broker, name = keys.parse_assignment_key(key)
-                topic = str(name)
-                if broker not in self.brokers:
-                    continue
-                if event.kind == "put" and topic not in self.assignments[broker]:
-                    self.assignments[broker].append(topic)
-                    self._record(topic, broker, event.value)
-                elif event.kind == "delete" and topic in self.assignments[broker]:
-                    self.assignments[broker].remove(topic)
-                    self._seal(topic, broker)
-            elif keys.is_broker_state_key(key) and event.kind == "put":
+            if not key.startswith(keys.BROKERS_PREFIX):
+                continue
+            if keys.is_broker_state_key(key):
                 broker = keys.parse_broker_state_key(key)
-                if broker in self.states and isinstance(event.value, dict):
-                    self.states[broker] = BrokerState.from_dict(event.value)
+            else:
+                broker = keys.parse_assignment_key(key)[0]
+            machine = self.machines.get(broker)
+            if machine is None:
+                continue
+            for effect in machine.watched(event, self.now):
+                self._perform(machine, effect)
 
-    def _record(self, topic: str, broker: BrokerId, value: object) -> None:
-        try:
-            _, marker = parse_assignment_value(value)
-        except ModelError:
-            return
+    def _perform(self, machine: BrokerMachine, effect: BrokerEffect) -> None:
+        broker = machine.broker_id
+        if isinstance(effect, Load):
+            self.assignments[broker].append(effect.topic)
+            machine.loaded(effect.topic)
+            self._record(effect.topic, broker, effect.marker)
+        elif isinstance(effect, Unload):
+            if effect.serving:
+                self.assignments[broker].remove(effect.topic)
+            self._seal(machine, effect.topic)
+        elif isinstance(effect, GiveBack):
+            self.store.txn(effect.compares, effect.ops)
+        # A `Reject` cannot happen: the simulated cluster writes only good records.
+
+    def _record(self, topic: str, broker: BrokerId, marker: UnassignedMarker | None) -> None:
         if marker is None or marker.from_broker is None:
             return
         row = (self.now, topic, marker.from_broker, broker)
@@ -262,22 +285,26 @@ class Simulator:
         elif marker.reason in (MarkerReason.UNLOAD, MarkerReason.DRAIN_REDIRECT):
             self.result.drains.append(row)
 
-    def _seal(self, topic: str, broker: BrokerId) -> None:
+    def _seal(self, machine: BrokerMachine, topic: str) -> None:
         """The source has sealed at once: mark the move's marker ready."""
         kv = self.store.get(keys.unassigned(topic))
         if kv is None:
             return
-        marker = UnassignedMarker.from_dict(kv.value)
-        if marker.from_broker == broker and not marker.ready:
-            self.store.put(keys.unassigned(topic), replace(marker, ready=True).to_dict())
+        ready = machine.ready_marker(kv.value)
+        if ready is not None:
+            self.store.put(keys.unassigned(topic), ready)
 
     # --- the leader ---------------------------------------------------------------------
 
-    def _step(self, event: MachineEvent) -> None:
-        """Step the machine and perform its writes on the store (outcomes fed back)."""
-        self.inputs.append(event)
+    def _drive(self, event: MachineEvent) -> list[Ready]:
         ready = self.machine.step(event)
-        self._observe(drive(self.machine, self.store, ready, self.now, inputs=self.inputs))
+        fence = (leader_fence(self.term),)
+        return drive(self.machine, self.store, ready, self.now, fence=fence, inputs=self.inputs)
+
+    def _step(self, event: MachineEvent) -> None:
+        """Step the leader and perform its writes on the store (outcomes fed back)."""
+        self.inputs.append(event)
+        self._observe(self.leader(event))
 
     def _pump(self, event: MachineEvent | None = None) -> None:
         """Feed `event`, then deliver the store's changes to the brokers and the leader
@@ -286,17 +313,17 @@ class Simulator:
             self._step(event)
         while True:
             self._brokers_react()
-            if self._watched == len(self.store.events):
+            if self._watched == len(self.events):
                 return
-            pending = tuple(self.store.events[self._watched :])
-            self._watched = len(self.store.events)
+            pending = tuple(self.events[self._watched :])
+            self._watched = len(self.events)
             self._step(Watched(pending, self.now))
 
     @property
     def layouts(self) -> dict[str, NamespaceBundles]:
         """The bundle layouts stored so far (namespaces the leader has split)."""
         out: dict[str, NamespaceBundles] = {}
-        for kv in self.store.listing(keys.BUNDLES_PREFIX).items:
+        for kv in self.store.get_prefix(keys.BUNDLES_PREFIX).items:
             try:
                 out[keys.parse_bundles_key(kv.key)] = NamespaceBundles.from_dict(kv.value)
             except (BundleError, ValueError):
@@ -341,9 +368,9 @@ class Simulator:
             self._create_topics(t)
         self._brokers_react()
         self._publish_reports()
-        self._watched = len(self.store.events)  # the listing covers them
-        cluster = self.store.listing(keys.CLUSTER_PREFIX)
-        topics = self.store.listing(keys.TOPICS_PREFIX)
+        self._watched = len(self.events)  # the listing covers them
+        cluster = self.store.get_prefix(keys.CLUSTER_PREFIX)
+        topics = self.store.get_prefix(keys.TOPICS_PREFIX)
         self._pump(Bootstrap(cluster, topics, self.now))
         self.result.initial_topics = {b: len(ts) for b, ts in sorted(self.assignments.items())}
         events = sorted(sc.events, key=lambda e: e.at)

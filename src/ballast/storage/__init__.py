@@ -20,7 +20,7 @@ from ballast.storage.codec import (
     encode_record,
 )
 from ballast.storage.config import AckMode, FsyncPolicy, StorageConfig
-from ballast.storage.cursor import SubscriptionCursors
+from ballast.storage.cursor import AckRanges, CursorPosition, SubscriptionCursors
 from ballast.storage.objects import (
     CorruptObjectError,
     FsspecObjectStore,
@@ -57,8 +57,10 @@ from ballast.storage.wal import (
 
 __all__ = [
     "AckMode",
+    "AckRanges",
     "CorruptObjectError",
     "Corruption",
+    "CursorPosition",
     "DecodeResult",
     "DurabilityTimeoutError",
     "FsspecObjectStore",

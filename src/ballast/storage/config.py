@@ -78,6 +78,10 @@ class StorageConfig:
     upload_retry_max_seconds: float = 5.0
     cursor_flush_seconds: float = 5.0
     cursor_flush_acks: int = 1000
+    # Ranges of offsets acked above a cursor written with it, the lowest first (4 096
+    # ranges are at most ~180 KiB, far below etcd's 1.5 MiB request limit); acks beyond
+    # them are delivered again after a move, never skipped.
+    cursor_ack_ranges: int = 4096
     # Offsets the owner may assign beyond the last one without another metadata write. The
     # reservation is extended (one fenced write) when less than half a step is left, so
     # appends do not wait for it; a crashed owner's successor continues past it.
@@ -105,6 +109,7 @@ class StorageConfig:
             "upload_retry_max_seconds": self.upload_retry_max_seconds,
             "cursor_flush_seconds": self.cursor_flush_seconds,
             "cursor_flush_acks": self.cursor_flush_acks,
+            "cursor_ack_ranges": self.cursor_ack_ranges,
             "offset_reservation_step": self.offset_reservation_step,
         }
         for name, value in positive.items():

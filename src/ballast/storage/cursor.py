@@ -1,14 +1,23 @@
-"""Subscription cursors: the last acknowledged offset of each subscription of a topic.
+"""Subscription cursors: what each subscription of a topic has acknowledged.
 
-Acks are cumulative and cheap (memory only). A cursor is written to the metadata store at
+A cursor is the last offset up to which everything is acked, plus the offsets acked above
+it (Shared and KeyShared consumers ack out of order), kept as sorted inclusive ranges.
+Acks are cheap (memory only). A cursor is written to the metadata store at
 ``keys.subscription_cursor(topic, sub)`` at most every `cursor_flush_seconds`, or sooner
 once `cursor_flush_acks` acks piled up, and always on seal and close: a crash loses at
 most that window, and the subscription then re-delivers (at-least-once), never skips.
+
+The stored value is ``{"last_acked_offset": N, "acked_above": [[a, b], ...], "timestamp"}``
+(a bare integer, as Danube writes, still reads). At most `cursor_ack_ranges` ranges are
+written, the lowest ones: one value stays far below etcd's 1.5 MiB request limit, and what
+is left out (counted in ``acked_above_dropped`` and `StorageStats.ack_ranges_dropped`) is
+delivered again by the next owner, never skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -24,7 +33,14 @@ from ballast.storage.config import StorageConfig
 from ballast.storage.reservation import TopicFencedError
 from ballast.storage.stats import StorageStats
 
-__all__ = ["CursorError", "SubscriptionCursors", "parse_cursor"]
+__all__ = [
+    "AckRanges",
+    "CursorError",
+    "CursorPosition",
+    "SubscriptionCursors",
+    "parse_acked_ranges",
+    "parse_cursor",
+]
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +57,117 @@ def parse_cursor(value: Any, key: str) -> int:
     return offset
 
 
+def parse_acked_ranges(value: Any, last_acked: int, key: str) -> tuple[tuple[int, int], ...]:
+    """The ranges acked above `last_acked` stored at `key` (none in a bare integer).
+
+    Ranges at or below the cursor are dropped (acked since); overlapping ones merge.
+    """
+    raw = value.get("acked_above", ()) if isinstance(value, Mapping) else ()
+    if not isinstance(raw, list | tuple):
+        raise CursorError(f"{key}: acked_above must be a list of [first, last], got {raw!r}")
+    ranges = AckRanges()
+    for item in raw:
+        if (
+            not isinstance(item, list | tuple)
+            or len(item) != 2
+            or any(isinstance(x, bool) or not isinstance(x, int) for x in item)
+            or item[0] > item[1]
+        ):
+            raise CursorError(f"{key}: acked_above holds {item!r}, not [first, last]")
+        ranges.add_range(item[0], item[1])
+    ranges.trim(last_acked)
+    return ranges.ranges()
+
+
+@dataclass(frozen=True)
+class CursorPosition:
+    """Where a subscription resumes: everything up to `last_acked` is acked, and so are
+    the offsets of `acked_above` (inclusive ranges, sorted, all above `last_acked`)."""
+
+    last_acked: int
+    acked_above: tuple[tuple[int, int], ...] = ()
+
+
+class AckRanges:
+    """A set of offsets as sorted, disjoint, inclusive ranges (acks above a cursor).
+
+    Out-of-order acks mostly extend the last range or fill a hole, so the set stays a few
+    ranges however many offsets it holds.
+    """
+
+    __slots__ = ("_ends", "_starts")
+
+    def __init__(self, ranges: tuple[tuple[int, int], ...] = ()) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        for first, last in ranges:
+            self.add_range(first, last)
+
+    def __contains__(self, offset: object) -> bool:
+        if not isinstance(offset, int):
+            return False
+        i = bisect.bisect_right(self._starts, offset) - 1
+        return i >= 0 and self._ends[i] >= offset
+
+    def __len__(self) -> int:
+        """The number of ranges."""
+        return len(self._starts)
+
+    def add(self, offset: int) -> bool:
+        """Add one offset; False if it was there already."""
+        if offset in self:
+            return False
+        self.add_range(offset, offset)
+        return True
+
+    def add_range(self, first: int, last: int) -> None:
+        """Add `first..last` (inclusive), merging with touching or overlapping ranges."""
+        starts, ends = self._starts, self._ends
+        lo = bisect.bisect_left(ends, first - 1)  # the first range that touches or follows
+        hi = bisect.bisect_right(starts, last + 1)  # past the last range that touches
+        if lo < hi:
+            first = min(first, starts[lo])
+            last = max(last, ends[hi - 1])
+        starts[lo:hi] = [first]
+        ends[lo:hi] = [last]
+
+    def trim(self, cursor: int) -> None:
+        """Forget every offset at or below `cursor` (the cursor passed it)."""
+        cut = bisect.bisect_right(self._ends, cursor)
+        del self._starts[:cut], self._ends[:cut]
+        if self._starts and self._starts[0] <= cursor:
+            self._starts[0] = cursor + 1
+
+    def absorb(self, cursor: int) -> int:
+        """The cursor past the range that starts right after it (if any), which goes."""
+        if self._starts and self._starts[0] == cursor + 1:
+            cursor = self._ends[0]
+            del self._starts[0], self._ends[0]
+        return cursor
+
+    def ranges(self, limit: int | None = None) -> tuple[tuple[int, int], ...]:
+        """The ranges in order (the lowest `limit` of them)."""
+        n = len(self._starts) if limit is None else min(limit, len(self._starts))
+        return tuple(zip(self._starts[:n], self._ends[:n], strict=True))
+
+    def count_from(self, index: int) -> int:
+        """How many offsets the ranges from the `index`-th on hold."""
+        return sum(e - s + 1 for s, e in zip(self._starts[index:], self._ends[index:], strict=True))
+
+
 @dataclass
 class _Cursor:
     """In-memory state of one subscription's cursor (mutable book-keeping)."""
 
     acked: int
-    persisted: int | None
-    acks_since_flush: int = 0
+    above: AckRanges
+    changes: int = 0  # acks taken since it was loaded or created
+    written: int | None = None  # `changes` as of the last write (None: never written)
+    truncated: bool = False  # the last write left ranges out (logged once until it fits)
+
+    @property
+    def unwritten(self) -> int:
+        return self.changes - (self.written or 0)
 
 
 class SubscriptionCursors:
@@ -77,11 +197,11 @@ class SubscriptionCursors:
         self._loops = LoopTasks()
         self._name = f"cursors{topic}"
 
-    async def load(self, subscription: str) -> int | None:
-        """The subscription's last acked offset (memory first, then the store), or None."""
+    async def load(self, subscription: str) -> CursorPosition | None:
+        """The subscription's position (memory first, then the store), or None."""
         cursor = self._cursors.get(subscription)
         if cursor is not None:
-            return cursor.acked
+            return CursorPosition(cursor.acked, cursor.above.ranges())
         key = keys.subscription_cursor(self.topic, subscription)
         kv = await self._metadata.get(key)
         if kv is None:
@@ -92,9 +212,14 @@ class SubscriptionCursors:
             # Restarting from the beginning re-delivers; guessing could skip messages.
             log.error("%s: %s; the subscription starts over", self._name, exc)
             return None
+        try:
+            above = parse_acked_ranges(kv.value, offset, key)
+        except CursorError as exc:
+            log.error("%s: %s; what was acked above the cursor comes again", self._name, exc)
+            above = ()
         # A concurrent ack may have created the entry while we were reading.
-        cursor = self._cursors.setdefault(subscription, _Cursor(offset, offset))
-        return cursor.acked
+        cursor = self._cursors.setdefault(subscription, _Cursor(offset, AckRanges(above), 0, 0))
+        return CursorPosition(cursor.acked, cursor.above.ranges())
 
     async def forget(self, subscription: str) -> None:
         """Drop the subscription's cursor, in memory and in the store (it expired)."""
@@ -116,29 +241,65 @@ class SubscriptionCursors:
         keys.subscription_cursor(self.topic, subscription)  # validates the name now
         cursor = self._cursors.get(subscription)
         if cursor is None:
-            self._cursors[subscription] = cursor = _Cursor(offset, None)
+            self._cursors[subscription] = cursor = _Cursor(offset, AckRanges())
         elif offset <= cursor.acked:
             return False
-        cursor.acked = offset
-        cursor.acks_since_flush += 1
-        if cursor.acks_since_flush >= self._config.cursor_flush_acks:
-            self._wake.set()
+        cursor.above.trim(offset)
+        cursor.acked = cursor.above.absorb(offset)
+        self._changed(cursor)
         return True
 
+    def ack_above(self, subscription: str, offset: int) -> bool:
+        """Record one ack above the cursor (out of order); True if it was new.
+
+        Ignored at or below the cursor, and for a subscription without a cursor here (a
+        subscription always has one once it was loaded or created).
+        """
+        cursor = self._cursors.get(subscription)
+        if cursor is None or offset <= cursor.acked or not cursor.above.add(offset):
+            return False
+        cursor.acked = cursor.above.absorb(cursor.acked)
+        self._changed(cursor)
+        return True
+
+    def _changed(self, cursor: _Cursor) -> None:
+        cursor.changes += 1
+        if cursor.unwritten >= self._config.cursor_flush_acks:
+            self._wake.set()
+
     async def flush(self) -> int:
-        """Write every cursor that moved since its last write; returns how many."""
+        """Write every cursor that changed since its last write; returns how many."""
         written = 0
+        limit = self._config.cursor_ack_ranges
         async with self._lock:
             for subscription, cursor in list(self._cursors.items()):
-                acked = cursor.acked
-                if cursor.persisted == acked:
+                changes = cursor.changes
+                if cursor.written == changes:
                     continue
                 key = keys.subscription_cursor(self.topic, subscription)
-                value = {"last_acked_offset": acked, "timestamp": self._clock.now()}
+                value: dict[str, Any] = {
+                    "last_acked_offset": cursor.acked,
+                    "timestamp": self._clock.now(),
+                }
+                if cursor.above:
+                    value["acked_above"] = [list(r) for r in cursor.above.ranges(limit)]
+                dropped = cursor.above.count_from(limit) if len(cursor.above) > limit else 0
+                if dropped:
+                    value["acked_above_dropped"] = dropped
                 await self._put(key, value)
-                cursor.persisted = acked
-                cursor.acks_since_flush = 0
+                cursor.written = changes
                 written += 1
+                if dropped:
+                    self._stats.ack_ranges_dropped += dropped
+                    if not cursor.truncated:
+                        log.warning(
+                            "%s: subscription %s has %d ranges acked above its cursor %d; "
+                            "only the lowest %d are kept (cursor_ack_ranges), %d acked "
+                            "offsets above them would be delivered again after a move",
+                            self._name, subscription, len(cursor.above), cursor.acked,
+                            limit, dropped,
+                        )  # fmt: skip
+                cursor.truncated = bool(dropped)
         if written:
             self._stats.cursor_flushes += written
         return written

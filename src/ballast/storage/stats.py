@@ -35,6 +35,9 @@ class StorageStats:
     reader_retries: int = 0  # subscription readers restarted after a storage error
     descriptors_skipped: int = 0
     cursor_flushes: int = 0
+    # Acked offsets above a cursor left out of its stored value (`cursor_ack_ranges`),
+    # counted at each write that left them out: delivered again after a move.
+    ack_ranges_dropped: int = 0
     reader_gaps: int = 0  # holes a reader stepped over that no recorded gap explains
     reader_known_gaps: int = 0  # recorded gaps (skipped offsets) a reader stepped over
     reservation_extensions: int = 0  # metadata writes extending an offset reservation

@@ -510,30 +510,39 @@ class ReliableTopic:
         initial: InitialPosition = InitialPosition.LATEST,
         live: bool = True,
     ) -> Subscription:
-        """A subscription resuming at its cursor + 1 (or at `initial` when it has none)."""
+        """A subscription resuming at its cursor + 1 (or at `initial` when it has none);
+        `Subscription.acked_above` names what was acked beyond the cursor (to skip)."""
         wal = self._require_open("subscribe")
         assert self._cursors is not None
-        cursor = await self._cursors.load(subscription)
-        if cursor is None:
+        position = await self._cursors.load(subscription)
+        if position is None:
             start = wal.next_offset if initial is InitialPosition.LATEST else 0
             # Remember the starting point, so a reconnect resumes here and not at "latest";
             # write it now: after a crash, a cursor not yet flushed would be "latest" again
             # on the next owner, and the messages in between would never be delivered.
             self._cursors.ack(subscription, start - 1)
             await self._cursors.flush()
-        else:
-            start = cursor + 1
-        return Subscription(self, subscription, start, live)
+            return Subscription(self, subscription, start, live)
+        return Subscription(self, subscription, position.last_acked + 1, live, position.acked_above)
 
     async def ack(self, subscription: str, offset: int) -> None:
         """Acknowledge everything up to `offset` for `subscription` (cumulative)."""
+        self._ackable(offset).ack(subscription, offset)
+
+    async def ack_above(self, subscription: str, offset: int) -> None:
+        """Acknowledge `offset` alone (out of order, above the cursor): it is persisted
+        with the cursor and the next owner does not deliver it again."""
+        self._ackable(offset).ack_above(subscription, offset)
+
+    def _ackable(self, offset: int) -> SubscriptionCursors:
+        """The cursors, once `offset` is known to exist (an ack past the end is refused)."""
         wal = self._require_open("ack")
         assert self._cursors is not None
         if offset >= wal.next_offset:
             raise ValueError(
                 f"{self.topic}: cannot ack offset {offset}, the topic ends at {wal.next_offset - 1}"
             )
-        self._cursors.ack(subscription, offset)
+        return self._cursors
 
     async def unsubscribe(self, subscription: str) -> None:
         """Forget the subscription: its cursor (and what else is kept under its key)."""
@@ -555,10 +564,18 @@ class ReliableTopic:
 class Subscription:
     """A named consumer position on a topic: iterate to receive, `ack` to advance."""
 
-    def __init__(self, topic: ReliableTopic, name: str, start_offset: int, live: bool) -> None:
+    def __init__(
+        self,
+        topic: ReliableTopic,
+        name: str,
+        start_offset: int,
+        live: bool,
+        acked_above: tuple[tuple[int, int], ...] = (),
+    ) -> None:
         self.topic = topic
         self.name = name
         self.start_offset = start_offset
+        self.acked_above = acked_above  # acked out of order beyond the cursor (to skip)
         self._live = live
 
     def __aiter__(self) -> AsyncIterator[TieredRecord]:

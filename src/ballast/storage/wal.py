@@ -36,6 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Protocol, Self
 
+from ballast.aio import TaskOwner
 from ballast.clock import Clock
 from ballast.storage.codec import (
     Message,
@@ -251,7 +252,7 @@ class WriteAheadLog:
         self._uploaded = -1
         self._unuploaded_bytes = 0
         self._upload_trigger: Callable[[], None] | None = None
-        self._task_group: asyncio.TaskGroup | None = None
+        self._tasks = TaskOwner(name)
         self._ticker: asyncio.Task[None] | None = None
         self._reserver: OffsetReserver | None = None
         self._gap_markers: dict[tuple[int, int], Path] = {}
@@ -496,14 +497,11 @@ class WriteAheadLog:
             raise WalError(f"{self.name}: open() it before starting it")
         if self._closed or self._running:
             raise WalError(f"{self.name}: already started or closed")
-        self._task_group = asyncio.TaskGroup()
-        await self._task_group.__aenter__()
+        await self._tasks.open()
         self._running = True
-        self._task_group.create_task(self._writer(), name=f"{self.name}/writer")
+        self._tasks.spawn(self._writer(), "writer")
         if self._config.fsync_policy is FsyncPolicy.INTERVAL:
-            self._ticker = self._task_group.create_task(
-                self._fsync_ticker(), name=f"{self.name}/fsync"
-            )
+            self._ticker = self._tasks.spawn(self._fsync_ticker(), "fsync")
         return self
 
     async def __aexit__(
@@ -517,9 +515,8 @@ class WriteAheadLog:
         if self._ticker is not None:
             # It sleeps on the injected clock, which may never move again: stop it outright.
             self._ticker.cancel()
-        assert self._task_group is not None
         try:
-            await self._task_group.__aexit__(exc_type, exc, tb)
+            await self._tasks.close(exc_type, exc, tb, cancel=False)
         finally:
             self._running = False
             await self._close_files()

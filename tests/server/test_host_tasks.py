@@ -1,0 +1,74 @@
+"""The data-plane host's background work: owned from `start` to `stop`, and a sweep that
+outlives a metadata-store outage (it used to end for good at the first failure, and with
+it every retry of a topic whose opening had failed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ballast.clock import FakeClock
+from ballast.metadata import MemoryStore, keys
+from ballast.metadata.store import KeyValue, MetadataUnavailableError
+from ballast.server.host import DataPlaneHost
+from tests.server.helpers import data_config
+from tests.storage.helpers import eventually
+
+
+class CutStore(MemoryStore):
+    """A memory store whose reads and writes fail while `down` (an etcd outage)."""
+
+    down = False
+
+    def _check(self) -> None:
+        if self.down:
+            raise MetadataUnavailableError("etcd unreachable (cut by the test)")
+
+    async def get(self, key: str) -> KeyValue | None:
+        self._check()
+        return await super().get(key)
+
+    async def put(self, key: str, value: Any, lease: int | None = None) -> int:
+        self._check()
+        return await super().put(key, value, lease)
+
+
+async def test_the_sweep_outlives_an_outage_and_retries_a_failed_opening(tmp_path: Path) -> None:
+    store, clock = CutStore(), FakeClock()
+    host = DataPlaneHost("b1", store, clock, data_config(tmp_path))
+    await host.start()
+    try:
+        await host.load("/default/busy", None)
+        await eventually(lambda: "/default/busy" in host.topics)
+        host.budgets.refused["/default/busy"] = 1  # as a send refused for a full budget
+        store.down = True
+        await host.load("/default/t", None)
+        await eventually(lambda: "/default/t" not in host._opening)
+        assert "/default/t" not in host.topics  # the opening failed: the store is down
+
+        await clock.advance(5.0)  # this sweep cannot publish the pressure figures
+        assert host.counters.sweep_failures._value.get() == 1
+
+        store.down = False
+        await clock.advance(5.0)  # the next one can, and retries the opening
+        await eventually(lambda: "/default/t" in host.topics)
+        assert await store.get(keys.topic_pressure("/default/busy")) is not None
+    finally:
+        await host.stop()
+    assert not host._tasks.running
+
+
+async def test_a_load_after_stop_is_ignored_and_a_load_before_start_refused(
+    tmp_path: Path,
+) -> None:
+    host = DataPlaneHost("b1", MemoryStore(), FakeClock(), data_config(tmp_path))
+    try:
+        await host.load("/default/t", None)
+    except RuntimeError as exc:
+        assert "before open()" in str(exc)
+    else:
+        raise AssertionError("load() before start() must be refused")
+    await host.start()
+    await host.stop()
+    await host.load("/default/t", None)  # a broker reacting while its server stops
+    assert not host.topics and not host._opening
