@@ -33,11 +33,11 @@ from typing import Any
 from ballast.clock import SystemClock
 from ballast.cluster import AdminClient, LocalCluster
 from ballast.config import BallastConfig, parse_config
-from ballast.leader.records import Registration
 from ballast.leader.view import RecordKind, classify
 from ballast.metadata import Lease, MetadataStore, keys
 from ballast.metadata.etcd import EtcdStore
 from ballast.metadata.memory import MemoryStore
+from ballast.metadata.records import Registration
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.etcd_fixtures import EtcdServer

@@ -38,9 +38,9 @@ import httpx
 from ballast.clock import SystemClock
 from ballast.cluster import AdminClient
 from ballast.console import LiveCluster
-from ballast.leader.records import Registration, TopicMeta
 from ballast.metadata import keys
 from ballast.metadata.memory import MemoryStore
+from ballast.metadata.records import Registration, TopicMeta
 from ballast.model import LoadReport, Move, TopicLoad
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -150,6 +150,13 @@ class TopicName:
         return f"/{self.namespace}/{self.name}"
 
 
+def topic_namespace(topic: str) -> str:
+    """The namespace of a topic name that was validated on its way in (every decoder and
+    command parses names with `TopicName.parse`): what the decision core and the leader
+    group topics by on every round, without parsing 100 000 names again."""
+    return topic.split("/", 2)[1]
+
+
 def topic_str(value: object) -> str:
     """Validate a topic name and return its canonical string form."""
     return str(TopicName.parse(value))

@@ -11,8 +11,9 @@ from typing import Any
 from ballast.clock import FakeClock
 from ballast.cluster import AdminClient, LocalCluster
 from ballast.config import BallastConfig, parse_config
-from ballast.leader.view import ClusterView, RecordKind, classify
+from ballast.leader.view import ClusterView, classify
 from ballast.metadata import MetadataStore, keys
+from ballast.metadata.records import RecordKind
 from ballast.model import BrokerMode
 
 

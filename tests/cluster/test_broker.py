@@ -11,10 +11,10 @@ import pytest
 from ballast.clock import FakeClock, SystemClock
 from ballast.cluster import AdminClient, BrokerNode, ClusterMetrics, LocalCluster, SyntheticHost
 from ballast.cluster.resources import FixedSampler, ResourceUsage
-from ballast.leader.records import assignment_value
 from ballast.load_history import HISTORY_GLOB
 from ballast.metadata import MetadataStore, keys
 from ballast.metadata.memory import MemoryStore
+from ballast.metadata.records import assignment_value
 from ballast.model import (
     Assignment,
     BrokerMode,

@@ -9,9 +9,9 @@ import pytest
 
 from ballast.clock import FakeClock, SystemClock
 from ballast.cluster import LeaderElection
-from ballast.leader.records import leader_value
 from ballast.metadata import MetadataStore, Put, keys
 from ballast.metadata.memory import MemoryStore
+from ballast.metadata.records import leader_value
 from tests.cluster.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(60)

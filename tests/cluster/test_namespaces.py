@@ -10,10 +10,10 @@ import pytest
 from ballast.cluster.admin import AdminClient, AdminError
 from ballast.cluster.namespaces import NamespaceAdmin
 from ballast.config import parse_config
-from ballast.leader.records import Registration, TopicMeta
 from ballast.leader.view import ClusterView
 from ballast.metadata import keys
 from ballast.metadata.memory import MemoryStore
+from ballast.metadata.records import Registration, TopicMeta
 from ballast.model import Assignment, LoadReport, TopicLoad
 
 NOW = 1_700_000_000.0
@@ -86,7 +86,7 @@ async def test_failure_domains_and_anti_affinity() -> None:
         await ns.delete_failure_domain("rack-z")
     await ns.set_anti_affinity_group("orders", "g")
     view = await ns.admin.view()
-    snap = await ns.enrich(view, view.snapshot())
+    snap = ns.admin.enrich(view, view.snapshot())
     assert snap.broker_domains == {"b1": "rack-a", "b2": "rack-a", "b3": "rack-b"}
     assert snap.anti_affinity_groups == {"orders": "g"}
 

@@ -12,9 +12,9 @@ import pytest
 
 from ballast.clock import SystemClock
 from ballast.cluster import AdminClient, LocalCluster
-from ballast.leader.records import Registration
 from ballast.metadata import keys
 from ballast.metadata.etcd import EtcdStore
+from ballast.metadata.records import Registration
 from tests.cluster.helpers import fast_config, replay, store_revision, wait_settled, wait_until
 
 pytestmark = pytest.mark.timeout(120)

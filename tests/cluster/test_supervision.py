@@ -12,9 +12,9 @@ import pytest
 
 from ballast.clock import FakeClock
 from ballast.cluster import AdminClient, BrokerNode, LocalCluster, SyntheticHost
-from ballast.leader.records import assignment_value
 from ballast.metadata import MetadataUnavailableError, keys
 from ballast.metadata.memory import MemoryStore
+from ballast.metadata.records import assignment_value
 from ballast.model import Assignment, MarkerReason, UnassignedMarker
 from tests.cluster.helpers import all_settled, fast_config, leading, wait_virtual
 

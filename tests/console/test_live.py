@@ -12,10 +12,10 @@ from ballast.cluster import AdminClient
 from ballast.console import BalanceSample, LiveCluster
 from ballast.console.app import bucket_samples, filter_moves
 from ballast.console.targets import prometheus_targets
-from ballast.leader.records import Registration
 from ballast.leader.view import ClusterView
 from ballast.metadata import KeyValue, Listing, keys
 from ballast.metadata.etcd import EtcdStore
+from ballast.metadata.records import Registration
 from ballast.model import Move
 from tests.cluster.conftest import wipe
 from tests.cluster.helpers import wait_until

@@ -8,9 +8,9 @@ simulator is checked to bounce an assignment that reaches a draining broker.
 from __future__ import annotations
 
 from ballast.leader.broker_machine import BrokerMachine, GiveBack, Load, Reject, Unload
-from ballast.leader.records import assignment_value
 from ballast.metadata import Compare, Delete, Put, WatchEvent, keys
 from ballast.metadata.core import StoreCore
+from ballast.metadata.records import assignment_value
 from ballast.model import Assignment, BrokerMode, BrokerState, MarkerReason, UnassignedMarker
 from ballast.simulate.engine import Simulator
 from ballast.simulate.scenario import load_scenario

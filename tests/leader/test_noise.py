@@ -17,9 +17,9 @@ from typing import Any
 from ballast.config import parse_config
 from ballast.leader import Bootstrap, LeaderMachine, Ready, Tick, Watched
 from ballast.leader.perform import drive
-from ballast.leader.records import Registration, TopicMeta
 from ballast.metadata import Put, keys
 from ballast.metadata.core import StoreCore, watch_log
+from ballast.metadata.records import Registration, TopicMeta
 from ballast.model import LoadReport, Move, TopicLoad, UnassignedMarker
 
 BROKERS = ("b1", "b2", "b3")

@@ -28,11 +28,18 @@ from ballast.leader.intents import (
     Unload,
     UnloadSplit,
 )
-from ballast.leader.records import Registration, TopicMeta, assignment_value, claim_ops
-from ballast.leader.transactions import Txn, chunked, transactions
+from ballast.leader.transactions import Txn, chunked, move_write, transactions
 from ballast.metadata import Compare, Delete, Put, keys
 from ballast.metadata.etcd import EtcdStore
-from ballast.model import Assignment, ClusterSnapshot, MarkerReason, Move, UnassignedMarker
+from ballast.metadata.records import Registration, TopicMeta, assignment_value, claim_ops
+from ballast.model import (
+    Assignment,
+    ClusterSnapshot,
+    MarkerReason,
+    Move,
+    TopicName,
+    UnassignedMarker,
+)
 from tests.etcd_fixtures import EtcdServer, etcd_server
 
 __all__ = ["etcd_server"]
@@ -70,10 +77,7 @@ def intents(revisions: dict[str, int]) -> dict[str, Intent]:
         "drain": Drain(broker(0), unloads),
         "split-unload": UnloadSplit(unloads),
         "move": MoveTopics(
-            tuple(
-                Relocation(m, rev(m.topic), keys.rebalancing_history(NOW, i))
-                for i, m in enumerate(moves)
-            ),
+            tuple(Relocation(m, rev(m.topic)) for m in moves),
             ClusterSnapshot(()),
             "why",
             NOW,
@@ -184,3 +188,21 @@ async def test_a_bundle_layout_is_written_once_and_guarded(etcd: EtcdStore) -> N
     assert stored is not None and NamespaceBundles.from_dict(stored.value) == layout
     assert Compare.absent(keys.namespace_bundles("txn")) in again.compares
     assert not any(isinstance(op, Delete) for op in again.ops)
+
+
+def test_moves_in_the_same_millisecond_never_share_a_history_key() -> None:
+    # Topics placed in one transaction share their assignment revision. The leader and the
+    # admin each moving one of them in the same millisecond used to write the same key
+    # (each numbered its moves from 0); a history key now names the release it records.
+    writes = [
+        move_write(Relocation(Move("/ns/a", "b1", "b2", timestamp=NOW), 5), NOW),
+        move_write(Relocation(Move("/ns/b", "b1", "b3", "Admin", timestamp=NOW), 5), NOW),
+        move_write(Relocation(Move("/ns/a", "b2", "b1", timestamp=NOW), 9), NOW),
+    ]
+    history = [op.key for _, ops in writes for op in ops if op.key.startswith(keys.HISTORY_PREFIX)]
+    assert len(history) == len(set(history)) == 3
+    assert [keys.parse_history_key(k)[1:] for k in history] == [
+        (5, TopicName("ns", "a")),
+        (5, TopicName("ns", "b")),
+        (9, TopicName("ns", "a")),
+    ]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ballast.leader.view import BadRecord, ClusterView, RecordKind, classify
+from ballast.leader.view import BadRecord, ClusterView, classify
 from ballast.metadata import keys
+from ballast.metadata.records import RecordKind
 from ballast.model import Assignment, MarkerReason, UnassignedMarker
 
 REG = {"broker_url": "x:1"}
@@ -18,7 +19,7 @@ def test_classify_every_key_kind() -> None:
     assert classify(keys.unassigned("/ns/t")) == (RecordKind.MARKER, None, "/ns/t")
     assert classify(keys.load("b1")) == (RecordKind.LOAD, "b1", None)
     assert classify(keys.LEADER)[0] is RecordKind.LEADER
-    assert classify(keys.rebalancing_history(1.0, 0))[0] is RecordKind.HISTORY
+    assert classify(keys.rebalancing_history(1.0, "/ns/t", 1))[0] is RecordKind.HISTORY
     assert classify(keys.topic_meta("/ns/t")) == (RecordKind.TOPIC, None, "/ns/t")
     assert classify(keys.subscription_cursor("/ns/t", "s"))[0] is RecordKind.OTHER
     with pytest.raises(BadRecord):

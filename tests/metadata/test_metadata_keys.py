@@ -24,8 +24,8 @@ def test_the_layout_matches_the_architecture_table() -> None:
     assert keys.load("b1") == "/cluster/load/b1"
     assert keys.LEADER == "/cluster/leader"
     assert keys.LOAD_BALANCE == "/cluster/load_balance"
-    assert keys.rebalancing_history(1_700_000_000.5, 7) == (
-        "/cluster/rebalancing_history/001700000000500-000007"
+    assert keys.rebalancing_history(1_700_000_000.5, t, 7) == (
+        "/cluster/rebalancing_history/001700000000500-00000000000000000007-ns:orders"
     )
     assert keys.topic_meta(t) == "/topics/ns/orders/meta"
     assert keys.subscription_cursor(t, "sub-1") == "/topics/ns/orders/subscriptions/sub-1/cursor"
@@ -84,18 +84,21 @@ def test_invalid_subscription_names_raise_a_clear_error(bad: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("ts", "seq", "message"),
+    ("ts", "topic", "revision", "message"),
     [
-        (-1.0, 0, "must be >= 0"),
-        (float("nan"), 0, "finite"),
-        (1.0, -1, "sequence"),
-        (1.0, 1_000_000, "sequence"),
-        (True, 0, "finite"),
+        (-1.0, "/ns/t", 1, "must be >= 0"),
+        (float("nan"), "/ns/t", 1, "finite"),
+        (1.0, "/ns/t", 0, "revision"),
+        (1.0, "/ns/t", 10**20, "revision"),
+        (True, "/ns/t", 1, "finite"),
+        (1.0, "/ns/t:x", 1, "invalid topic"),
     ],
 )
-def test_invalid_history_parts_are_rejected(ts: float, seq: int, message: str) -> None:
+def test_invalid_history_parts_are_rejected(
+    ts: float, topic: str, revision: int, message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
-        keys.rebalancing_history(ts, seq)
+        keys.rebalancing_history(ts, topic, revision)
 
 
 @pytest.mark.parametrize("bad", [-1, 10**20, 1.5, True])
@@ -118,13 +121,23 @@ def test_parsers_invert_the_builders(broker: str, topic: TopicName) -> None:
     assert keys.parse_storage_object_key(keys.storage_object(topic, 99)) == (topic, 99)
 
 
-@given(st.lists(st.tuples(st.integers(0, 10**12), st.integers(0, 999_999)), min_size=2))
-def test_history_keys_sort_by_time_then_sequence(entries: list[tuple[int, int]]) -> None:
+@given(st.lists(st.tuples(st.integers(0, 10**12), st.integers(1, 10**20 - 1)), min_size=2))
+def test_history_keys_sort_by_time_then_revision(entries: list[tuple[int, int]]) -> None:
     # Millisecond timestamps: the key keeps millisecond precision exactly.
-    by_key = sorted(entries, key=lambda e: keys.rebalancing_history(e[0] / 1000, e[1]))
+    t = TopicName("ns", "orders")
+    by_key = sorted(entries, key=lambda e: keys.rebalancing_history(e[0] / 1000, t, e[1]))
     assert by_key == sorted(entries)
-    for ms, seq in entries:
-        assert keys.parse_history_key(keys.rebalancing_history(ms / 1000, seq)) == (ms / 1000, seq)
+    for ms, revision in entries:
+        key = keys.rebalancing_history(ms / 1000, t, revision)
+        assert keys.parse_history_key(key) == (ms / 1000, revision, t)
+
+
+def test_history_keys_of_the_earlier_scheme_are_still_read() -> None:
+    assert keys.parse_history_key("/cluster/rebalancing_history/000000000100000-000003") == (
+        100.0,
+        3,
+        None,
+    )
 
 
 @given(st.lists(st.integers(0, 10**20 - 1), min_size=2, unique=True))
@@ -148,6 +161,9 @@ def test_object_keys_sort_by_start_offset(starts: list[int]) -> None:
         (keys.parse_load_key, "/cluster/load/b/1"),
         (keys.parse_history_key, "/cluster/rebalancing_history/123-1"),
         (keys.parse_history_key, "/cluster/rebalancing_history/x"),
+        (keys.parse_history_key, "/cluster/rebalancing_history/000000000000001-1-ns:t"),
+        (keys.parse_history_key, f"/cluster/rebalancing_history/000000000000001-{1:020}-ns:t:x"),
+        (keys.parse_history_key, f"/cluster/rebalancing_history/000000000000001-{1:020}-n s:t"),
         (keys.parse_storage_object_key, "/storage/topics/ns/t/objects/42"),
         (keys.parse_storage_object_key, "/storage/topics/ns/t/state"),
         (keys.parse_subscription_cursor_key, "/topics/ns/t/meta"),

@@ -14,6 +14,7 @@ import pytest
 
 from ballast.config import parse_config
 from ballast.metadata import MemoryStore, keys
+from ballast.metadata.records import claim_ops, release_ops
 from ballast.model import TopicName
 from ballast.server.gateway import BROKER_HEADER, Gateway
 from ballast.server.protocol import CLIENT_CONSUMER, HEALTH_CLOSE, pb, pb_grpc
@@ -34,7 +35,7 @@ async def gone() -> AsyncIterator[tuple[Gateway, str, MemoryStore]]:
     store = MemoryStore()
     url = dead_url()
     await store.put(keys.register("dead"), {"broker_url": url})
-    await store.put(keys.broker_assignment("dead", TOPIC), {"assigned_at": 0, "epoch": 1})
+    await store.txn([], claim_ops("dead", str(TOPIC), {"assigned_at": 0, "epoch": 1}))
     await store.put(keys.topic_meta(TOPIC), {"dispatch_strategy": "reliable"})
     config = parse_config({"gateway": {"lookup_wait_seconds": 2.0, "close_hold_seconds": 10}})
     async with Gateway(store, config, "127.0.0.1:0") as gateway:
@@ -97,8 +98,8 @@ async def test_lookup_waits_for_a_live_owner(gone: tuple[Gateway, str, MemorySto
             await asyncio.sleep(0.2)
             live = f"127.0.0.1:{port}"
             await store.put(keys.register("heir"), {"broker_url": live})
-            await store.delete(keys.broker_assignment("dead", TOPIC))
-            await store.put(keys.broker_assignment("heir", TOPIC), {"assigned_at": 1, "epoch": 2})
+            await store.txn([], release_ops("dead", str(TOPIC)))
+            await store.txn([], claim_ops("heir", str(TOPIC), {"assigned_at": 1, "epoch": 2}))
             answer = await asyncio.wait_for(pending, 5)
             assert (answer.broker_url, answer.connect_url, answer.proxy) == (
                 live,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +26,11 @@ from ballast.balance import (
     rank,
     select_broker,
 )
+from ballast.balance.pulsar.domains import DomainError, FailureDomains
+from ballast.balance.pulsar.policy import prepare_snapshot
 from ballast.clock import Clock, SystemClock
 from ballast.config import BallastConfig, Strategy
 from ballast.leader.intents import Relocation
-from ballast.leader.records import TopicMeta, release_ops
 from ballast.leader.transactions import move_write
 from ballast.leader.view import ClusterView
 from ballast.metadata import (
@@ -38,10 +39,12 @@ from ballast.metadata import (
     Put,
     keys,
 )
+from ballast.metadata.records import TopicMeta, release_ops
 from ballast.model import (
     BrokerId,
     BrokerMode,
     BrokerState,
+    ClusterSnapshot,
     InvalidTopicName,
     MarkerReason,
     ModelError,
@@ -409,13 +412,27 @@ class AdminClient:
 
     # -- rebalancing ---------------------------------------------------------------------
 
+    def enrich(self, view: ClusterView, snapshot: ClusterSnapshot) -> ClusterSnapshot:
+        """The snapshot with Pulsar's inputs as the view decoded them (issue 12): failure
+        domains (a broker in two is an `AdminError` naming it, where the leader lets the
+        admin's domain win), anti-affinity groups and, placed by bundle, the layouts."""
+        registered = {b: r.domain for b, r in view.registrations.items()}
+        try:
+            domains = FailureDomains.merge(registered, view.failure_domains).broker_to_domain()
+        except DomainError as exc:
+            raise AdminError(str(exc)) from None
+        snap = replace(
+            snapshot,
+            broker_domains=domains,
+            anti_affinity_groups=dict(view.anti_affinity_groups),
+        )
+        return prepare_snapshot(snap, self.config.load_manager, view.bundles)
+
     async def plan(self, max_moves: int | None = None) -> tuple[RebalancePlan, ClusterView]:
         """A rebalance plan for the cluster as it is now (nothing is written)."""
         view = await self.view()
         history = MoveHistory.of(view.moves.values())
-        from ballast.cluster.namespaces import NamespaceAdmin  # Pulsar's inputs (issue 12)
-
-        snapshot = await NamespaceAdmin(self).enrich(view, view.snapshot())
+        snapshot = self.enrich(view, view.snapshot())
         plan = plan_rebalance(
             snapshot,
             self.config.load_manager.rebalancing,
@@ -456,7 +473,7 @@ class AdminClient:
     async def _apply(self, moves: Sequence[Move], view: ClusterView) -> list[MoveOutcome]:
         outcomes = []
         now = self.clock.now()
-        for seq, move in enumerate(moves):
+        for move in moves:
             owners = view.owners.get(move.topic, {})
             if move.from_broker not in owners:
                 owner = view.owner(move.topic)
@@ -472,10 +489,7 @@ class AdminClient:
             recorded = Move(
                 move.topic, move.from_broker, move.to_broker, "Admin", move.estimated_load, now
             )
-            relocation = Relocation(
-                recorded, owners[move.from_broker], keys.rebalancing_history(now, seq)
-            )
-            guard, ops = move_write(relocation, now)
+            guard, ops = move_write(Relocation(recorded, owners[move.from_broker]), now)
             result = await self.store.txn([guard], ops)
             outcomes.append(
                 MoveOutcome(

@@ -36,7 +36,6 @@ from ballast.cluster.resources import PsutilSampler, ResourceSampler
 from ballast.cluster.service import Service, keep_alive, watching
 from ballast.config import BallastConfig
 from ballast.leader.broker_machine import BrokerEffect, BrokerMachine, GiveBack, Load, Unload
-from ballast.leader.records import Registration
 from ballast.metadata import (
     Lease,
     Listing,
@@ -45,6 +44,7 @@ from ballast.metadata import (
     WatchEvent,
     keys,
 )
+from ballast.metadata.records import Registration
 from ballast.model import (
     BrokerId,
     BrokerMode,

@@ -35,7 +35,7 @@ from ballast.config import BallastConfig, parse_config
 from ballast.leader.view import ClusterView
 from ballast.metadata import MetadataStore, keys
 from ballast.metadata.factory import open_store
-from ballast.model import BrokerMode
+from ballast.model import BrokerMode, topic_namespace
 
 NAMESPACE = "demo"
 LIVE_NAMESPACE = "live"  # topics with real producers and consumers (through a gateway)
@@ -189,7 +189,7 @@ async def _until(
 async def _prepare(store: MetadataStore) -> None:
     registered = await store.get_prefix(keys.REGISTER_PREFIX)
     if registered.items:
-        ids = ", ".join(kv.key.rsplit("/", 1)[-1] for kv in registered.items)
+        ids = ", ".join(ClusterView.from_listings(registered)[0].brokers())
         raise RuntimeError(
             f"the store already has registered brokers ({ids}); the demo needs an empty "
             "cluster (use the embedded store, or an etcd nobody else uses)"
@@ -344,7 +344,7 @@ async def _scenario(
 
     async def settled() -> bool:
         view = await admin.view()
-        placed = sum(1 for t in view.owners if t.startswith(f"/{NAMESPACE}/"))
+        placed = sum(1 for t in view.owners if topic_namespace(t) == NAMESPACE)
         return placed == n and not view.markers
 
     await show("starting 3 brokers")
@@ -402,13 +402,13 @@ async def _scenario(
     victim = max(
         candidates,
         key=lambda b: (
-            sum(t.startswith(f"/{LIVE_NAMESPACE}/") for t in view.topics_of(b)),
+            sum(topic_namespace(t) == LIVE_NAMESPACE for t in view.topics_of(b)),
             -int(b[1:]),
         ),
     )
     orphans = set(view.topics_of(victim))
     summary.killed = victim
-    summary.live_topics_killed = sum(t.startswith(f"/{LIVE_NAMESPACE}/") for t in orphans)
+    summary.live_topics_killed = sum(topic_namespace(t) == LIVE_NAMESPACE for t in orphans)
     summary.failover_topics = len(orphans)
     await show(f"killing {victim} (no goodbye: its lease must expire)")
     killed_at = time.monotonic()

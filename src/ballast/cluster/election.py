@@ -21,7 +21,6 @@ from ballast.aio import first_completed
 from ballast.clock import Clock
 from ballast.cluster.metrics import ClusterMetrics
 from ballast.cluster.service import Service, keep_alive, watching
-from ballast.leader.records import leader_fence, leader_value
 from ballast.metadata import (
     Compare,
     Delete,
@@ -32,6 +31,7 @@ from ballast.metadata import (
     Put,
     keys,
 )
+from ballast.metadata.records import leader_fence, leader_value
 from ballast.model import BrokerId
 
 log = logging.getLogger(__name__)

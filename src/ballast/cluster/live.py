@@ -21,7 +21,7 @@ from ballast.cluster.cluster import BrokerProcess, LocalCluster, build_broker
 from ballast.cluster.host import HostSampler, ProfileFn, SyntheticHost, idle_profiles
 from ballast.config import BallastConfig
 from ballast.metadata import MetadataStore
-from ballast.model import BrokerId, TopicLoad, UnassignedMarker
+from ballast.model import BrokerId, TopicLoad, UnassignedMarker, topic_namespace
 from ballast.server import DataPlaneHost, DataPlaneServer
 from ballast.server.directory import DEFAULT_NAMESPACE
 from ballast.server.topics import ReliableServedTopic
@@ -41,8 +41,7 @@ class MixedHost:
         self.real = real
 
     def _is_real(self, topic: str) -> bool:
-        parts = topic.split("/")
-        return len(parts) == 3 and parts[1] in self.real
+        return topic_namespace(topic) in self.real
 
     async def load(self, topic: str, marker: UnassignedMarker | None) -> None:
         host = self.data if self._is_real(topic) else self.synthetic

@@ -6,7 +6,7 @@ unloads, anti-affinity groups and failure domains (the shell around `balance.bun
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from ballast.balance.pulsar.bundles import (
@@ -17,14 +17,20 @@ from ballast.balance.pulsar.bundles import (
     TopicTraffic,
     parse_algorithm,
     split_positions,
+    topic_hash,
 )
 from ballast.balance.pulsar.domains import DomainError, FailureDomains
-from ballast.balance.pulsar.policy import default_layouts, with_bundles
 from ballast.cluster.admin import AdminClient, AdminError
-from ballast.config import PlacementUnit, SplitAlgorithm
-from ballast.leader.view import ClusterView
+from ballast.config import SplitAlgorithm
+from ballast.leader.view import decode_bundles
 from ballast.metadata import Compare, Delete, Put, keys
-from ballast.model import BrokerId, ClusterSnapshot, ModelError, TopicName, validate_broker_id
+from ballast.metadata.records import (
+    RecordKind,
+    anti_affinity_value,
+    classify,
+    failure_domain_value,
+)
+from ballast.model import BrokerId, ModelError, TopicName, topic_namespace, validate_broker_id
 from ballast.storage.retention import (
     RetentionError,
     RetentionPolicy,
@@ -123,68 +129,16 @@ class NamespaceAdmin:
         if kv is None:
             return NamespaceBundles.create(ns, self.pulsar.default_number_of_namespace_bundles), 0
         try:
-            return NamespaceBundles.from_dict(kv.value), kv.mod_revision
-        except (BundleError, AttributeError) as exc:
+            return decode_bundles(ns, kv.value), kv.mod_revision
+        except ModelError as exc:
             raise AdminError(f"{kv.key}: unreadable bundles record ({exc})") from None
-
-    async def layouts(self) -> dict[str, NamespaceBundles]:
-        listing = await self.store.get_prefix(keys.BUNDLES_PREFIX)
-        out = {}
-        for kv in listing.items:
-            try:
-                out[keys.parse_bundles_key(kv.key)] = NamespaceBundles.from_dict(kv.value)
-            except (ValueError, AttributeError):
-                continue  # a bad record is skipped, never fatal
-        return out
-
-    async def groups(self) -> dict[str, str]:
-        listing = await self.store.get_prefix(keys.ANTI_AFFINITY_PREFIX)
-        out = {}
-        for kv in listing.items:
-            group = kv.value.get("group") if isinstance(kv.value, dict) else None
-            if isinstance(group, str) and group:
-                try:
-                    out[keys.parse_anti_affinity_key(kv.key)] = group
-                except ValueError:
-                    continue
-        return out
-
-    async def admin_domains(self) -> dict[str, tuple[BrokerId, ...]]:
-        listing = await self.store.get_prefix(keys.FAILURE_DOMAINS_PREFIX)
-        out = {}
-        for kv in listing.items:
-            brokers = kv.value.get("brokers") if isinstance(kv.value, dict) else None
-            if isinstance(brokers, list):
-                try:
-                    name = keys.parse_failure_domain_key(kv.key)
-                except ValueError:
-                    continue
-                out[name] = tuple(sorted(str(b) for b in brokers))
-        return out
-
-    async def domains(self, view: ClusterView) -> FailureDomains:
-        registered = {b: r.domain for b, r in view.registrations.items()}
-        try:
-            return FailureDomains.merge(registered, await self.admin_domains())
-        except DomainError as exc:
-            raise AdminError(str(exc)) from None
-
-    async def enrich(self, view: ClusterView, snapshot: ClusterSnapshot) -> ClusterSnapshot:
-        """The snapshot with Pulsar's inputs: bundles (placement by bundle), domains, groups."""
-        domains = (await self.domains(view)).broker_to_domain()  # raises on a conflict
-        snap = replace(snapshot, broker_domains=domains, anti_affinity_groups=await self.groups())
-        if self.admin.config.load_manager.placement_unit is PlacementUnit.BUNDLE:
-            snap = with_bundles(snap, await self.layouts())
-            snap = with_bundles(snap, default_layouts(snap, self.pulsar))
-        return snap
 
     async def bundles(self, ns: str) -> BundlesReport:
         layout, revision = await self.layout(ns)
         view = await self.admin.view()
-        prefix = f"/{ns}/"
         groups: dict[BundleRange, list[str]] = {r: [] for r in layout.ranges}
         for t in sorted({*view.owners, *view.topics}):
-            if t.startswith(prefix):
+            if topic_namespace(t) == ns:
                 groups[layout.bundle_for_topic(t)].append(t)
         loads = {t.topic: t for r in view.reports.values() for t in r.topics}
         rows = []
@@ -199,8 +153,9 @@ class NamespaceAdmin:
                     sum(loads[t].byte_rate for t in ts if t in loads),
                 )
             )
-        group = (await self.groups()).get(ns)
-        return BundlesReport(ns, layout, revision > 0, tuple(rows), group)
+        return BundlesReport(
+            ns, layout, revision > 0, tuple(rows), view.anti_affinity_groups.get(ns)
+        )
 
     # -- writing -------------------------------------------------------------------------
 
@@ -233,9 +188,12 @@ class NamespaceAdmin:
         topics = await self.store.get_prefix(keys.TOPICS_PREFIX)
         counts: dict[str, int] = {}
         for kv in topics.items:
-            parts = kv.key[len(keys.TOPICS_PREFIX) :].split("/")
-            if len(parts) == 3 and parts[2] == "meta":
-                counts[parts[0]] = counts.get(parts[0], 0) + 1
+            try:
+                kind, _, topic = classify(kv.key)
+            except ValueError:
+                continue  # a foreign key is skipped, never fatal
+            if kind is RecordKind.TOPIC and topic is not None:
+                counts[topic_namespace(topic)] = counts.get(topic_namespace(topic), 0) + 1
         out: list[dict[str, Any]] = []
         for kv in listing.items:
             try:
@@ -292,7 +250,7 @@ class NamespaceAdmin:
                     loads[t].byte_rate if t in loads else 0.0,
                 )
                 for t in sorted({*view.owners, *view.topics})
-                if t.startswith(f"/{ns}/") and target.contains(_hash(t))
+                if topic_namespace(t) == ns and target.contains(_hash(t))
             ]
             result = split_positions(layout, target, algo, topics, positions, self.pulsar)
             if not result.positions:
@@ -327,7 +285,7 @@ class NamespaceAdmin:
             raise AdminError(str(exc)) from None
         view = await self.admin.view()
         topics = sorted(
-            t for t in view.owners if t.startswith(f"/{ns}/") and target.contains(_hash(t))
+            t for t in view.owners if topic_namespace(t) == ns and target.contains(_hash(t))
         )
         if not topics:
             raise AdminError(f"bundle {layout.full_name(target)} has no assigned topic to unload")
@@ -336,7 +294,7 @@ class NamespaceAdmin:
     async def set_anti_affinity_group(self, ns: str, group: str) -> None:
         if not group or not isinstance(group, str) or "/" in group:
             raise AdminError(f"invalid anti-affinity group {group!r}: give a non-empty name")
-        await self.store.put(keys.anti_affinity_group(_namespace(ns)), {"group": group})
+        await self.store.put(keys.anti_affinity_group(_namespace(ns)), anti_affinity_value(group))
 
     async def set_retention(self, ns: str, time: str | None, size: str | None) -> RetentionPolicy:
         """Set (or, with neither limit, clear) a namespace's storage retention; the owner
@@ -363,9 +321,9 @@ class NamespaceAdmin:
             raise AdminError(str(exc)) from None
         if not members:
             raise AdminError(f"failure domain {name!r}: --broker-list is empty")
-        existing = await self.admin_domains()
-        existing.pop(name, None)
         view = await self.admin.view()
+        existing = dict(view.failure_domains)
+        existing.pop(name, None)
         try:
             FailureDomains.merge(
                 {b: r.domain for b, r in view.registrations.items()},
@@ -373,12 +331,14 @@ class NamespaceAdmin:
             )
         except DomainError as exc:
             raise AdminError(str(exc)) from None
-        await self.store.put(key, {"brokers": members})
+        await self.store.put(key, failure_domain_value(members))
         return DomainInfo(name, tuple(members), "admin")
 
     async def list_failure_domains(self) -> list[DomainInfo]:
-        admin = await self.admin_domains()
+        # The view's failure domains: a record that does not decode is left out, as the
+        # leader leaves it out.
         view = await self.admin.view()
+        admin = view.failure_domains
         out = [DomainInfo(n, bs, "admin") for n, bs in sorted(admin.items())]
         from_brokers: dict[str, list[BrokerId]] = {}
         for b, r in sorted(view.registrations.items()):
@@ -393,11 +353,9 @@ class NamespaceAdmin:
         except ValueError as exc:
             raise AdminError(str(exc)) from None
         if not await self.store.delete(key):
-            known = ", ".join(sorted(await self.admin_domains())) or "none"
+            known = ", ".join(sorted((await self.admin.view()).failure_domains)) or "none"
             raise AdminError(f"failure domain {name!r} does not exist (domains: {known})")
 
 
 def _hash(topic: str) -> int:
-    from ballast.balance.pulsar.bundles import topic_hash
-
     return topic_hash(str(TopicName.parse(topic)))

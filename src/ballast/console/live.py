@@ -23,8 +23,9 @@ from typing import Any, Self
 from ballast.aio import TaskOwner
 from ballast.clock import Clock
 from ballast.cluster.admin import AdminClient, BrokerInfo
-from ballast.leader.view import BadRecord, ClusterView, RecordKind
+from ballast.leader.view import BadRecord, ClusterView
 from ballast.metadata import MetadataError, MetadataStore, keys
+from ballast.metadata.records import RecordKind
 from ballast.model import Move
 
 log = logging.getLogger(__name__)

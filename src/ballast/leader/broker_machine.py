@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ballast.leader.records import parse_assignment_value, release_ops
 from ballast.metadata import Compare, Delete, Put, WatchEvent, keys
+from ballast.metadata.records import parse_assignment_value, release_ops
 from ballast.model import (
     BrokerId,
     BrokerMode,

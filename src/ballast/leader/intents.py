@@ -160,12 +160,10 @@ class Place:
 
 @dataclass(frozen=True)
 class Relocation:
-    """One move of a rebalancing decision: the source assignment's revision and the key
-    its history record is written at."""
+    """One move of a rebalancing decision and the source assignment's revision."""
 
     move: Move
     revision: int
-    history_key: str
 
 
 @dataclass(frozen=True)

@@ -110,8 +110,9 @@ from ballast.leader.intents import (
     UnloadSplit,
 )
 from ballast.leader.transactions import transactions
-from ballast.leader.view import BadRecord, ClusterView, RecordKind, classify
+from ballast.leader.view import BadRecord, ClusterView, classify
 from ballast.metadata import Compare, Delete, Put, WatchEvent, keys
+from ballast.metadata.records import RecordKind
 from ballast.model import (
     Assignment,
     BrokerId,
@@ -122,6 +123,7 @@ from ballast.model import (
     MarkerReason,
     Move,
     UnassignedMarker,
+    topic_namespace,
 )
 
 # A round fails over at most this many topics of one dead broker (the rest next round, so
@@ -180,7 +182,6 @@ class LeaderMachine:
         self.last_decision: Decision | None = None
         self.bootstrapped = False
         self._ids = itertools.count(1)
-        self._seq = itertools.count()
         self._inflight: dict[int, _InFlight] = {}
         self._dirty = False
         self._reports_dirty = False
@@ -420,7 +421,7 @@ class LeaderMachine:
         layouts = dict(self.view.bundles)
         n = self.pulsar.default_number_of_namespace_bundles
         for topic in itertools.chain(self.view.topics, self.view.markers, self.view.owners):
-            ns = topic.split("/", 2)[1]
+            ns = topic_namespace(topic)
             if ns not in layouts:
                 layouts[ns] = NamespaceBundles.create(ns, n)
         return layouts
@@ -635,7 +636,7 @@ class LeaderMachine:
             return []
         unload: dict[str, list[tuple[str, BrokerId]]] = {}
         for topic, broker in split.unload:
-            unload.setdefault(topic.split("/", 2)[1], []).append((topic, broker))
+            unload.setdefault(topic_namespace(topic), []).append((topic, broker))
         intents: list[Intent] = []
         for ns, layout in sorted(split.layouts.items()):
             if tuple(snap.bundle_boundaries.get(ns, ())) == layout.boundaries:
@@ -775,8 +776,7 @@ class LeaderMachine:
             if revision is None:
                 out.metric("failures")
                 continue
-            history_key = keys.rebalancing_history(now, next(self._seq) % 1_000_000)
-            relocations.append(Relocation(move, revision, history_key))
+            relocations.append(Relocation(move, revision))
         if not relocations:
             return []
         return [MoveTopics(tuple(relocations), after, decision.explain(), now)]

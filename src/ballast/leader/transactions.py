@@ -30,8 +30,8 @@ from ballast.leader.intents import (
     Unload,
     UnloadSplit,
 )
-from ballast.leader.records import assignment_value, claim_ops, owner_value, release_ops
 from ballast.metadata import Compare, Delete, Put, keys
+from ballast.metadata.records import assignment_value, claim_ops, owner_value, release_ops
 from ballast.model import (
     Assignment,
     BrokerId,
@@ -232,7 +232,8 @@ def _place(part: Place) -> Txn:
 def move_write(r: Relocation, now: float) -> tuple[Compare, list[Put | Delete]]:
     """Phase 1 of a move, the leader's and the admin's alike: the source's assignment
     (compared on the revision read) and ownership record released, a rebalance marker
-    {from, to, ready: false} and the history record written."""
+    {from, to, ready: false} and the history record written at the key that names this
+    release (`keys.rebalancing_history`: two writers never collide)."""
     move = r.move
     marker = UnassignedMarker(
         MarkerReason.REBALANCE,
@@ -247,7 +248,7 @@ def move_write(r: Relocation, now: float) -> tuple[Compare, list[Put | Delete]]:
     ops = [
         *release_ops(move.from_broker, move.topic),
         Put(keys.unassigned(move.topic), marker.to_dict()),
-        Put(r.history_key, move.to_dict()),
+        Put(keys.rebalancing_history(now, move.topic, r.revision), move.to_dict()),
     ]
     return guard, ops
 

@@ -10,22 +10,24 @@ compares in every write.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, Literal
 
-from ballast.balance.pulsar.bundles import NamespaceBundles
-from ballast.leader.records import (
+from ballast.balance.pulsar.bundles import BundleError, NamespaceBundles
+from ballast.balance.pulsar.domains import broker_domains
+from ballast.metadata import Listing, keys
+from ballast.metadata.records import (
+    RecordKind,
     Registration,
     TopicMeta,
+    parse_anti_affinity_value,
     parse_assignment_value,
+    parse_failure_domain_value,
     parse_owner_value,
-    parse_topic_meta_key,
 )
-from ballast.metadata import Listing, keys
+from ballast.metadata.records import classify as classify_key
 from ballast.model import (
     ACTIVE,
     BrokerId,
@@ -35,25 +37,9 @@ from ballast.model import (
     ModelError,
     Move,
     UnassignedMarker,
-    validate_broker_id,
 )
 
 log = logging.getLogger(__name__)
-
-
-class RecordKind(StrEnum):
-    REGISTRATION = "registration"
-    STATE = "broker_state"
-    ASSIGNMENT = "assignment"
-    MARKER = "marker"
-    OWNER = "owner"
-    LOAD = "load_report"
-    LEADER = "leader"
-    LOAD_BALANCE = "load_balance"
-    HISTORY = "history"
-    TOPIC = "topic_meta"
-    BUNDLES = "bundles"
-    OTHER = "other"
 
 
 @dataclass(frozen=True)
@@ -87,43 +73,10 @@ class Pending:
 
 def classify(key: str) -> tuple[RecordKind, BrokerId | None, str | None]:
     """(kind, broker, topic) of a key; raises `BadRecord` for a key that fits no layout."""
-    return _classify(key)
-
-
-@functools.lru_cache(maxsize=200_000)
-def _classify(key: str) -> tuple[RecordKind, BrokerId | None, str | None]:
-    # Cached: the same keys come back on every event, and parsing validates names.
     try:
-        if key.startswith(keys.REGISTER_PREFIX):
-            return RecordKind.REGISTRATION, keys.parse_register_key(key), None
-        if key.startswith(keys.BROKERS_PREFIX):
-            if keys.is_broker_state_key(key):
-                return RecordKind.STATE, keys.parse_broker_state_key(key), None
-            broker, topic = keys.parse_assignment_key(key)
-            return RecordKind.ASSIGNMENT, broker, str(topic)
-        if key.startswith(keys.UNASSIGNED_PREFIX):
-            return RecordKind.MARKER, None, str(keys.parse_unassigned_key(key))
-        if key.startswith(keys.OWNERS_PREFIX):
-            return RecordKind.OWNER, None, str(keys.parse_topic_owner_key(key))
-        if key.startswith(keys.LOAD_PREFIX):
-            return RecordKind.LOAD, keys.parse_load_key(key), None
-        if key == keys.LEADER:
-            return RecordKind.LEADER, None, None
-        if key == keys.LOAD_BALANCE:
-            return RecordKind.LOAD_BALANCE, None, None
-        if key.startswith(keys.HISTORY_PREFIX):
-            keys.parse_history_key(key)
-            return RecordKind.HISTORY, None, None
-        if key.startswith(keys.BUNDLES_PREFIX):
-            keys.parse_bundles_key(key)
-            return RecordKind.BUNDLES, None, None
-        if key.startswith(keys.TOPICS_PREFIX):
-            if keys.is_topic_meta_key(key):
-                return RecordKind.TOPIC, None, str(parse_topic_meta_key(key))
-            return RecordKind.OTHER, None, None  # cursors and other per-topic data
+        return classify_key(key)
     except ValueError as exc:  # KeyLayoutError and invalid names
         raise BadRecord("key", key, str(exc)) from None
-    return RecordKind.OTHER, None, None
 
 
 class ClusterView:
@@ -269,32 +222,19 @@ class ClusterView:
                 ns = keys.parse_bundles_key(key)
                 if deleted:
                     self.bundles.pop(ns, None)
-                    return
-                layout = NamespaceBundles.from_dict(_object(value, "bundles"))
-                if layout.namespace != ns:
-                    raise ModelError(
-                        f"bundles.namespace: {layout.namespace!r} does not match the key's "
-                        f"namespace {ns!r}"
-                    )
-                self.bundles[ns] = layout
+                else:
+                    self.bundles[ns] = decode_bundles(ns, value)
             elif key.startswith(keys.FAILURE_DOMAINS_PREFIX):
                 name = keys.parse_failure_domain_key(key)
                 if deleted:
                     self.failure_domains.pop(name, None)
-                    return
-                brokers = _object(value, "failure_domain").get("brokers")
-                if not isinstance(brokers, list):
-                    raise ModelError(f"failure_domain.brokers: expected a list, got {brokers!r}")
-                self.failure_domains[name] = tuple(
-                    validate_broker_id(b, "failure_domain.brokers") for b in brokers
-                )
+                else:
+                    self.failure_domains[name] = parse_failure_domain_value(value)
             elif key.startswith(keys.ANTI_AFFINITY_PREFIX):
                 ns = keys.parse_anti_affinity_key(key)
-                group = None if deleted else _object(value, "anti_affinity").get("group")
+                group = None if deleted else parse_anti_affinity_value(value)
                 if group is None:
                     self.anti_affinity_groups.pop(ns, None)
-                elif not isinstance(group, str) or not group:
-                    raise ModelError(f"anti_affinity.group: expected a name, got {group!r}")
                 else:
                     self.anti_affinity_groups[ns] = group
         except ValueError as exc:
@@ -304,10 +244,9 @@ class ClusterView:
 
     def broker_domains(self) -> dict[BrokerId, str]:
         """Each broker's failure domain: from admin, else its registration's `domain`."""
-        out = {b: r.domain for b, r in self.registrations.items() if r.domain}
-        for name, brokers in sorted(self.failure_domains.items()):
-            out.update(dict.fromkeys(brokers, name))
-        return out
+        return broker_domains(
+            {b: r.domain for b, r in self.registrations.items()}, self.failure_domains
+        )
 
     def _unassign(self, broker: BrokerId, topic: str) -> None:
         owners = self.owners.get(topic)
@@ -382,6 +321,20 @@ class ClusterView:
             broker_domains={b: d for b, d in self.broker_domains().items() if b in registered},
             anti_affinity_groups=dict(self.anti_affinity_groups),
         )
+
+
+def decode_bundles(namespace: str, value: Any) -> NamespaceBundles:
+    """The bundle layout stored at ``/cluster/bundles/{namespace}``; raises `ModelError`."""
+    try:
+        layout = NamespaceBundles.from_dict(_object(value, "bundles"))
+    except BundleError as exc:
+        raise ModelError(str(exc)) from None
+    if layout.namespace != namespace:
+        raise ModelError(
+            f"bundles.namespace: {layout.namespace!r} does not match the key's "
+            f"namespace {namespace!r}"
+        )
+    return layout
 
 
 def _object(value: Any, ctx: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ a foreign key instead of crashing.
 | `load(b)` | ``/cluster/load/{b}`` |
 | `LEADER` | ``/cluster/leader`` |
 | `LOAD_BALANCE` | ``/cluster/load_balance`` |
-| `rebalancing_history(ts, seq)` | ``/cluster/rebalancing_history/{ts_ms:015}-{seq:06}`` |
+| `rebalancing_history(ts, t, rev)` | ``/cluster/rebalancing_history/{ts_ms}-{rev}-{ns}:{topic}`` |
 | `topic_meta(t)` | ``/topics/{ns}/{topic}/meta`` |
 | `namespace_topics_prefix(ns)` | ``/topics/{ns}/`` |
 | `subscription_cursor(t, s)` | ``/topics/{ns}/{topic}/subscriptions/{s}/cursor`` |
@@ -157,11 +157,17 @@ _VERSION_DIGITS = 10
 _VERSION_RE = re.compile(rf"^\d{{{_VERSION_DIGITS}}}$")
 
 # Widths chosen so that lexicographic key order equals numeric order: 15 digits of
-# milliseconds reach year 33658; 20 digits hold any unsigned 64-bit offset.
+# milliseconds reach year 33658; 20 digits hold any unsigned 64-bit offset or revision.
 _HISTORY_TS_DIGITS = 15
 _HISTORY_SEQ_DIGITS = 6
 _OFFSET_DIGITS = 20
-_HISTORY_RE = re.compile(rf"^(\d{{{_HISTORY_TS_DIGITS}}})-(\d{{{_HISTORY_SEQ_DIGITS}}})$")
+# A history key names the move it records: the topic and the revision of the assignment
+# the move released. ':' joins namespace and topic (it is in neither's alphabet).
+_HISTORY_RE = re.compile(
+    rf"^(\d{{{_HISTORY_TS_DIGITS}}})-(\d{{{_OFFSET_DIGITS}}})-([^:/]+):([^:/]+)$"
+)
+# Keys written before that scheme: {ts_ms}-{seq}, numbered by each writer on its own.
+_LEGACY_HISTORY_RE = re.compile(rf"^(\d{{{_HISTORY_TS_DIGITS}}})-(\d{{{_HISTORY_SEQ_DIGITS}}})$")
 _OFFSET_RE = re.compile(rf"^\d{{{_OFFSET_DIGITS}}}$")
 # Same alphabet as topic name parts: a subscription name becomes one path segment.
 _SUBSCRIPTION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
@@ -319,34 +325,50 @@ def parse_load_key(key: str) -> str:
 # -- rebalancing history -------------------------------------------------------------------
 
 
-def rebalancing_history(ts: float, seq: int) -> str:
-    """History key of a move made at `ts` (epoch seconds); `seq` orders moves in one ms.
+def rebalancing_history(ts: float, topic: TopicLike, revision: int) -> str:
+    """History key of the move of `topic` made at `ts` (epoch seconds) that released its
+    assignment at `revision`.
 
-    Both parts are zero-padded so that keys sort by time, then by sequence.
+    One scheme for every writer (the leader and the admin both write moves through
+    `leader.transactions.move_write`), unique without a counter: a move's transaction
+    compares the assignment's mod revision and deletes the assignment, so at most one move
+    ever releases a given (topic, revision). Zero-padded parts sort keys by time, then
+    revision.
     """
     if not isinstance(ts, int | float) or isinstance(ts, bool) or not math.isfinite(ts):
         raise ValueError(f"invalid history timestamp {ts!r}: expected finite epoch seconds")
     ts_ms = round(ts * 1000)
     if not 0 <= ts_ms < 10**_HISTORY_TS_DIGITS:
         raise ValueError(f"invalid history timestamp {ts!r}: must be >= 0 epoch seconds")
-    if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq < 10**_HISTORY_SEQ_DIGITS:
-        raise ValueError(
-            f"invalid history sequence {seq!r}: expected an integer in "
-            f"[0, {10**_HISTORY_SEQ_DIGITS})"
-        )
-    return f"{HISTORY_PREFIX}{ts_ms:0{_HISTORY_TS_DIGITS}d}-{seq:0{_HISTORY_SEQ_DIGITS}d}"
+    if (
+        not isinstance(revision, int)
+        or isinstance(revision, bool)
+        or not 0 < revision < 10**_OFFSET_DIGITS
+    ):
+        raise ValueError(f"invalid history revision {revision!r}: expected an integer >= 1")
+    t = _topic(topic)
+    return (
+        f"{HISTORY_PREFIX}{ts_ms:0{_HISTORY_TS_DIGITS}d}-{revision:0{_OFFSET_DIGITS}d}-"
+        f"{t.namespace}:{t.name}"
+    )
 
 
-def parse_history_key(key: str) -> tuple[float, int]:
-    """(epoch seconds, sequence) of a rebalancing-history key."""
-    (leaf,) = _segments(key, HISTORY_PREFIX, 1, "a rebalancing-history")
+def parse_history_key(key: str) -> tuple[float, int, TopicName | None]:
+    """(epoch seconds, revision, topic) of a rebalancing-history key; a key of the
+    earlier ``{ts_ms}-{seq}`` scheme (still read) gives (epoch seconds, seq, None)."""
+    what = "a rebalancing-history"
+    (leaf,) = _segments(key, HISTORY_PREFIX, 1, what)
+    legacy = _LEGACY_HISTORY_RE.match(leaf)
+    if legacy is not None:
+        return int(legacy.group(1)) / 1000.0, int(legacy.group(2)), None
     match = _HISTORY_RE.match(leaf)
     if match is None:
         raise KeyLayoutError(
-            f"{key!r} is not a rebalancing-history key: expected "
-            f"{{{_HISTORY_TS_DIGITS} digit ms}}-{{{_HISTORY_SEQ_DIGITS} digit seq}}"
+            f"{key!r} is not {what} key: expected {{{_HISTORY_TS_DIGITS} digit ms}}-"
+            f"{{{_OFFSET_DIGITS} digit revision}}-{{namespace}}:{{topic}}"
         )
-    return int(match.group(1)) / 1000.0, int(match.group(2))
+    topic = _parsed_topic(key, match.group(3), match.group(4), what)
+    return int(match.group(1)) / 1000.0, int(match.group(2)), topic
 
 
 # -- topics --------------------------------------------------------------------------------

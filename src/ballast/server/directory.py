@@ -7,13 +7,13 @@ time (lookups are rare: one per producer or consumer (re)creation).
 
 from __future__ import annotations
 
-import asyncio
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from ballast.clock import Clock
 from ballast.metadata import Compare, MetadataStore, Put, keys
+from ballast.metadata.records import Registration, parse_owner_value
 from ballast.model import MarkerReason, ModelError, TopicName, UnassignedMarker
 
 __all__ = ["DEFAULT_NAMESPACE", "Directory", "Owner", "partition_index"]
@@ -46,24 +46,26 @@ class Directory:
         self.clock = clock
 
     async def owner(self, topic: TopicName) -> Owner | None:
-        """The registered broker that owns `topic` now, if any."""
-        listing = await self.store.get_prefix(keys.REGISTER_PREFIX)
-        registrations: dict[str, str] = {}
-        for kv in listing.items:
-            try:
-                broker = keys.parse_register_key(kv.key)
-            except ValueError:
-                continue
-            url = kv.value.get("broker_url") if isinstance(kv.value, dict) else None
-            if isinstance(url, str) and url:
-                registrations[broker] = url
-        found = await asyncio.gather(
-            *(self.store.get(keys.broker_assignment(b, topic)) for b in registrations)
-        )
-        for broker, assigned in zip(registrations, found, strict=True):
-            if assigned is not None:
-                return Owner(broker, registrations[broker])
-        return None
+        """The registered broker that owns `topic` now, if any.
+
+        Read from the topic's ownership record, written and deleted in the same
+        transaction as the owner's assignment key (`records.claim_ops`, `release_ops`): two
+        reads, whatever the number of brokers. A dead owner keeps its record until the
+        leader fails the topic over; its registration is gone by then, so it is no answer.
+        A record or registration that does not decode is no answer either.
+        """
+        record = await self.store.get(keys.topic_owner(topic))
+        if record is None:
+            return None
+        try:
+            broker = parse_owner_value(record.value)
+            registered = await self.store.get(keys.register(broker))
+            if registered is None:
+                return None
+            url = Registration.from_dict(registered.value).broker_url
+        except ModelError:
+            return None
+        return Owner(broker, url) if url else None
 
     async def meta(self, topic: TopicName) -> dict[str, Any] | None:
         """The topic's metadata (a JSON object), or None if the topic does not exist."""
@@ -89,12 +91,15 @@ class Directory:
         listing = await self.store.get_prefix(keys.namespace_topics_prefix(base.namespace))
         found: dict[int, str] = {}
         for kv in listing.items:
-            parts = kv.key[len(keys.TOPICS_PREFIX) :].split("/")
-            if len(parts) != 3 or parts[2] != "meta":
+            if not keys.is_topic_meta_key(kv.key):
                 continue
-            index = partition_index(base.name, parts[1])
+            try:
+                topic = keys.parse_topic_meta_key(kv.key)
+            except ValueError:
+                continue  # a foreign key is no partition
+            index = partition_index(base.name, topic.name)
             if index is not None:
-                found[index] = f"/{base.namespace}/{parts[1]}"
+                found[index] = str(topic)
         return [found[i] for i in sorted(found)]
 
     async def namespace_exists(self, namespace: str) -> bool:

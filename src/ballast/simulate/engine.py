@@ -31,15 +31,15 @@ from ballast.leader import Bootstrap, LeaderMachine, Ready, Tick, Watched
 from ballast.leader import Event as MachineEvent
 from ballast.leader.broker_machine import BrokerEffect, BrokerMachine, GiveBack, Load, Unload
 from ballast.leader.perform import drive
-from ballast.leader.records import (
+from ballast.metadata import Put, keys
+from ballast.metadata.core import StoreCore, watch_log
+from ballast.metadata.records import (
     Registration,
     TopicMeta,
     claim_ops,
     leader_fence,
     leader_value,
 )
-from ballast.metadata import Put, keys
-from ballast.metadata.core import StoreCore, watch_log
 from ballast.model import (
     Assignment,
     BrokerId,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ballast.model import BrokerId, ClusterSnapshot
+from ballast.model import BrokerId, ClusterSnapshot, topic_namespace
 
 DEFAULT_DOMAIN = "default"  # Pulsar's name for brokers outside every domain
 
@@ -60,21 +60,33 @@ class FailureDomains:
         FailureDomains({k: frozenset(v) for k, v in out.items()})  # validates admin alone
         from_admin = {b: d for d, bs in out.items() for b in bs}
         for b, d in sorted(registered.items()):
-            if d is None:
-                continue
-            if b in from_admin and from_admin[b] != d:
+            if d is not None and b in from_admin and from_admin[b] != d:
                 raise DomainError(
                     f"broker {b!r} is in two failure domains: {d!r} (its broker.domain) and "
                     f"{from_admin[b]!r} (failure-domain {from_admin[b]!r}); remove one"
                 )
+        for b, d in broker_domains(registered, admin).items():
             out.setdefault(d, set()).add(b)
         return cls({k: frozenset(v) for k, v in out.items()})
 
 
+def broker_domains(
+    registered: Mapping[BrokerId, str | None], admin: Mapping[str, Iterable[BrokerId]]
+) -> dict[BrokerId, str]:
+    """Each broker's failure domain: an admin-created domain, else its own `broker.domain`.
+
+    The one merge of the two sources. It never fails: the running leader places with it
+    whatever the store holds (an admin domain wins a conflict); `FailureDomains.merge`
+    refuses the conflicts when an operator creates a domain."""
+    out = {b: d for b, d in registered.items() if d}
+    for name, brokers in sorted(admin.items()):
+        out.update(dict.fromkeys(brokers, name))
+    return out
+
+
 def namespaces_by_broker(snapshot: ClusterSnapshot) -> dict[BrokerId, set[str]]:
     """The namespaces each broker holds (owns at least one topic of)."""
-    # Assigned topic names are validated on the way in (`/ns/topic`): split, don't re-parse.
-    return {b: {t.split("/", 2)[1] for t in topics} for b, topics in snapshot.assignments.items()}
+    return {b: {topic_namespace(t) for t in topics} for b, topics in snapshot.assignments.items()}
 
 
 def group_counts(

@@ -52,6 +52,7 @@ from ballast.model import (
     Move,
     TopicLoad,
     UnassignedMarker,
+    topic_namespace,
 )
 
 SHEDDER_REASON = {
@@ -102,7 +103,7 @@ def build_units(
         rate: dict[str, float] = {}
         thr: dict[str, float] = {}
         for t, load in snapshot.topic_loads(b).items():
-            ns = t.split("/", 2)[1]
+            ns = topic_namespace(t)
             layout = layouts.get(ns)
             unit = layout.full_name(layout.bundle_for_topic(t)) if layout else t
             groups.setdefault(unit, []).append(t)
@@ -123,7 +124,7 @@ def build_units(
             elif any(is_blacklisted(t, config.blacklist_topics) for t in ts):
                 blocked[j] = "blacklisted"
             elif snapshot.anti_affinity_groups:
-                ns = ts[0].split("/", 2)[1]
+                ns = topic_namespace(ts[0])
                 if ns not in counts_cache:
                     counts_cache[ns] = group_counts(snapshot, ns)
                 ok, why = should_unload(b, brokers, counts_cache[ns])
@@ -295,7 +296,7 @@ def with_bundles(
 
 def default_layouts(snapshot: ClusterSnapshot, pulsar: PulsarConfig) -> dict[str, NamespaceBundles]:
     """Every namespace of the snapshot with `default_number_of_namespace_bundles` bundles."""
-    namespaces = {t.split("/", 2)[1] for ts in snapshot.assignments.values() for t in ts} | set(
+    namespaces = {topic_namespace(t) for ts in snapshot.assignments.values() for t in ts} | set(
         snapshot.bundle_boundaries
     )
     n = pulsar.default_number_of_namespace_bundles
@@ -341,7 +342,7 @@ def auto_split(snapshot: ClusterSnapshot, pulsar: PulsarConfig) -> AutoSplit:
     owner: dict[str, BrokerId] = {}
     for b in snapshot.brokers:
         for t, load in snapshot.topic_loads(b).items():
-            loads.setdefault(t.split("/", 2)[1], []).append(load)
+            loads.setdefault(topic_namespace(t), []).append(load)
             owner[t] = b
     stats = {ns: bundle_stats(layouts[ns], loads.get(ns, ())) for ns in layouts}
     plan = decide_splits(layouts, stats, pulsar)

@@ -1,29 +1,95 @@
-"""Values the control plane stores that the shared model does not define.
+"""The control plane's record vocabulary: what kind of record a key holds, and the values
+the shared model does not define. The leader's view, the gateway, the brokers' directory,
+the admin and the simulator all classify and decode through here.
 
+- `classify(key)`: the `RecordKind` of a key under ``/cluster/`` or ``/topics/``, with the
+  broker and topic it names.
 - `Registration`: the value at ``/cluster/register/{broker_id}``.
 - `leader_value`: the value at ``/cluster/leader`` (written by the election; the simulator
-  writes it for its leader too).
+  writes it for its leader too); `leader_fence`: the compare of a leadership term.
 - `TopicMeta`: the value at ``/topics/{ns}/{topic}/meta``; a topic exists while it exists.
+- The ownership record (``/cluster/owners/{ns}/{topic}``): `owner_value`, `parse_owner_value`.
 - The assignment value: `Assignment` (model) plus the marker it consumed, so the new owner's
   `TopicHost.load` learns why it received the topic (a move, a failover, a new topic).
+- Pulsar's failure domains and anti-affinity groups (`failure_domain_value`,
+  `anti_affinity_value` and their parsers); bundle layouts have their own codec
+  (`balance.pulsar.bundles`), checked against the key by `leader.view.decode_bundles`.
 
-Every decoder raises `ModelError` naming the field, like the model's codecs.
+One error policy: a decoder raises (`KeyLayoutError` for a key, `ModelError` for a value,
+both `ValueError`s naming what is wrong) and never guesses. The caller decides what a bad
+record costs, and every running reader makes the same choice: it skips the record, counts
+or logs it, and keeps going (the leader's view forgets what the key held and counts it as
+rejected, the gateway and the directory treat it as absent, an admin listing leaves it
+out). Only a command about that one record (splitting a namespace's unreadable bundles)
+fails, naming the key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
-from ballast.metadata import Compare, Delete, Put, keys
+from ballast.metadata import keys
+from ballast.metadata.store import Compare, Delete, Put
 from ballast.model import (
     Assignment,
+    BrokerId,
     ModelError,
-    TopicName,
     UnassignedMarker,
     validate_broker_id,
 )
+
+
+class RecordKind(StrEnum):
+    REGISTRATION = "registration"
+    STATE = "broker_state"
+    ASSIGNMENT = "assignment"
+    MARKER = "marker"
+    OWNER = "owner"
+    LOAD = "load_report"
+    LEADER = "leader"
+    LOAD_BALANCE = "load_balance"
+    HISTORY = "history"
+    TOPIC = "topic_meta"
+    BUNDLES = "bundles"
+    OTHER = "other"
+
+
+@functools.lru_cache(maxsize=200_000)
+def classify(key: str) -> tuple[RecordKind, BrokerId | None, str | None]:
+    """(kind, broker, topic) of a key; raises a `ValueError` naming a key that starts like
+    one of ours but does not fit its layout. Keys of no kind here are `OTHER` (failure
+    domains and anti-affinity groups among them: their readers parse them)."""
+    # Cached: the same keys come back on every event, and parsing validates names.
+    if key.startswith(keys.REGISTER_PREFIX):
+        return RecordKind.REGISTRATION, keys.parse_register_key(key), None
+    if key.startswith(keys.BROKERS_PREFIX):
+        if keys.is_broker_state_key(key):
+            return RecordKind.STATE, keys.parse_broker_state_key(key), None
+        broker, topic = keys.parse_assignment_key(key)
+        return RecordKind.ASSIGNMENT, broker, str(topic)
+    if key.startswith(keys.UNASSIGNED_PREFIX):
+        return RecordKind.MARKER, None, str(keys.parse_unassigned_key(key))
+    if key.startswith(keys.OWNERS_PREFIX):
+        return RecordKind.OWNER, None, str(keys.parse_topic_owner_key(key))
+    if key.startswith(keys.LOAD_PREFIX):
+        return RecordKind.LOAD, keys.parse_load_key(key), None
+    if key == keys.LEADER:
+        return RecordKind.LEADER, None, None
+    if key == keys.LOAD_BALANCE:
+        return RecordKind.LOAD_BALANCE, None, None
+    if key.startswith(keys.HISTORY_PREFIX):
+        keys.parse_history_key(key)
+        return RecordKind.HISTORY, None, None
+    if key.startswith(keys.BUNDLES_PREFIX):
+        keys.parse_bundles_key(key)
+        return RecordKind.BUNDLES, None, None
+    if keys.is_topic_meta_key(key):
+        return RecordKind.TOPIC, None, str(keys.parse_topic_meta_key(key))
+    return RecordKind.OTHER, None, None  # cursors, schemas and other per-topic data
 
 
 def leader_value(broker_id: str, since: float) -> dict[str, Any]:
@@ -101,11 +167,6 @@ class TopicMeta:
         return cls(float(created), extra)
 
 
-def parse_topic_meta_key(key: str) -> TopicName:
-    """Topic of a ``/topics/{ns}/{topic}/meta`` key (the layout lives in `keys`)."""
-    return keys.parse_topic_meta_key(key)
-
-
 def owner_value(broker_id: str) -> dict[str, Any]:
     """The value of a topic's ownership record (``keys.topic_owner``)."""
     return {"broker_id": broker_id}
@@ -147,3 +208,35 @@ def parse_assignment_value(
     raw = data.get("marker") if isinstance(data, Mapping) else None
     marker = None if raw is None else UnassignedMarker.from_dict(raw, f"{ctx}.marker")
     return assignment, marker
+
+
+def failure_domain_value(brokers: Iterable[BrokerId]) -> dict[str, Any]:
+    """The value of a failure-domain record (``keys.failure_domain``)."""
+    return {"brokers": sorted(brokers)}
+
+
+def anti_affinity_value(group: str) -> dict[str, Any]:
+    """The value of a namespace's anti-affinity record (``keys.anti_affinity_group``)."""
+    return {"group": group}
+
+
+def parse_failure_domain_value(data: Any, ctx: str = "failure_domain") -> tuple[BrokerId, ...]:
+    """The brokers of a failure-domain record ``{brokers: [...]}``, sorted."""
+    brokers = _object(data, ctx).get("brokers")
+    if not isinstance(brokers, list):
+        raise ModelError(f"{ctx}.brokers: expected a list, got {brokers!r}")
+    return tuple(sorted(validate_broker_id(b, f"{ctx}.brokers") for b in brokers))
+
+
+def parse_anti_affinity_value(data: Any, ctx: str = "anti_affinity") -> str | None:
+    """The group of an anti-affinity record ``{group}`` (None: no group)."""
+    group = _object(data, ctx).get("group")
+    if group is not None and (not isinstance(group, str) or not group):
+        raise ModelError(f"{ctx}.group: expected a name, got {group!r}")
+    return group
+
+
+def _object(data: Any, ctx: str) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise ModelError(f"{ctx}: expected a JSON object, got {type(data).__name__}")
+    return data
