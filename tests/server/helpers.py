@@ -25,6 +25,7 @@ from ballast.metadata import MetadataStore, keys
 from ballast.server import DataPlaneHost, DataPlaneServer
 from ballast.server.directory import DEFAULT_NAMESPACE
 from ballast.server.metrics import DataPlaneMetrics
+from ballast.storage import ObjectStore
 
 __all__ = [
     "DataBroker",
@@ -111,9 +112,12 @@ class DataBroker:
 class DataCluster:
     """Brokers with a data plane in this event loop, over one store."""
 
-    def __init__(self, store: MetadataStore, config: BallastConfig) -> None:
+    def __init__(
+        self, store: MetadataStore, config: BallastConfig, objects: ObjectStore | None = None
+    ) -> None:
         self.store = store
         self.config = config
+        self.objects = objects  # the brokers' shared object store (default: the config's)
         self.clock = SystemClock()
         self.brokers: dict[str, DataBroker] = {}
 
@@ -125,6 +129,7 @@ class DataCluster:
             self.clock,
             self.config,
             metrics=DataPlaneMetrics(metrics.registry),
+            objects=self.objects,
         )
         server = DataPlaneServer(host, self.config, self.config.broker.broker_url, grace=0.2)
         url = await server.start()

@@ -27,7 +27,7 @@ from ballast.server import host as host_module
 from ballast.server.auth import Permission, TokenAuthority
 from ballast.server.cluster_calls import ClusterDialer
 from ballast.server.protocol import CLIENT_CONSUMER, CLIENT_PRODUCER, pb, pb_grpc
-from ballast.storage import StorageConfig, WriteAheadLog
+from ballast.storage import FsspecObjectStore, ObjectStore, StorageConfig, WriteAheadLog
 from tests.etcd_fixtures import EtcdServer
 from tests.server.certs import Pki, make_pki
 from tests.server.helpers import (
@@ -37,6 +37,7 @@ from tests.server.helpers import (
     SubType,
     data_config,
     new_client,
+    wait_until,
 )
 from tests.server.test_security import SECRET, client, secured_config
 
@@ -296,8 +297,37 @@ async def raw_producer(channel: grpc.aio.Channel, topic: str, strategy: Any) -> 
 async def budget_broker(etcd_store: EtcdStore, tmp_path: Path) -> AsyncIterator[DataBroker]:
     """Tiny budgets: 8 KiB held per topic, 64 KiB read ahead per subscription."""
     limits = {"topic_budget_bytes": 8 * 1024, "subscription_buffer_bytes": 64 * 1024}
-    async with DataCluster(etcd_store, data_config(tmp_path, data_plane=limits)) as cluster:
+    config = data_config(tmp_path, data_plane=limits)
+    objects = GatedObjects(
+        FsspecObjectStore(
+            config.storage.object_store_url(), dict(config.storage.object_store_options)
+        )
+    )
+    async with DataCluster(etcd_store, config, objects) as cluster:
         yield await cluster.start_broker("h3")
+
+
+class GatedObjects:
+    """An object store whose writes wait while `gate` is closed (a stalled upload)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    async def put(self, name: str, data: bytes) -> None:
+        await self.gate.wait()
+        await self.inner.put(name, data)
+
+    async def get(self, name: str, start: int | None = None, end: int | None = None) -> bytes:
+        return await self.inner.get(name, start, end)
+
+    async def delete(self, name: str) -> None:
+        await self.inner.delete(name)
 
 
 async def test_a_subscription_that_never_reads_costs_bounded_memory(
@@ -370,10 +400,23 @@ async def test_a_producer_flood_against_a_full_budget_gets_resource_exhausted(
                 return exc.code()
             return grpc.StatusCode.OK
 
-        codes = await asyncio.gather(*(send(i) for i in range(64)))
+        # Uploads stall: what is accepted stays held, so the budget fills whatever the
+        # timing of the 64 concurrent sends.
+        objects = broker.host.objects()
+        assert isinstance(objects, GatedObjects)
+        objects.gate.clear()
+        flood = asyncio.gather(*(send(i) for i in range(64)))
+        counters = broker.host.counters
+
+        async def full() -> bool:
+            return counters.rejected_count("SendMessage", "topic_budget_full") >= 64 - 8
+
+        await wait_until(full, 15, "the budget to refuse the sends it cannot hold")
+        objects.gate.set()
+        codes = await flood
     refused = codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED)
-    assert refused > 0 and refused + codes.count(grpc.StatusCode.OK) == 64
-    counters = broker.host.counters
+    # 8 KiB holds eight 1 KiB messages; the other 56 are refused, nothing else fails.
+    assert refused == 64 - 8 and codes.count(grpc.StatusCode.OK) == 8
     assert counters.rejected_count("SendMessage", "topic_budget_full") == refused
     await broker.host.publish_pressure()
     record = await broker.host.store.get(keys.topic_pressure(topic))
