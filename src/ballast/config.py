@@ -400,6 +400,9 @@ class GatewaySettings(_Strict):
     # this many, of at most this many payload bytes in all; beyond, UNAVAILABLE as before).
     held_sends_max: int = Field(10_000, ge=0)
     held_bytes_max: int = Field(64 * 1024 * 1024, ge=0)
+    # Sends to a broker go batched on one stream (off: one unary call per send, as a
+    # plain proxy would; costs the gateway and the broker more CPU per message).
+    batch_sends: bool = True
 
 
 class BallastConfig(_Strict):

@@ -81,11 +81,12 @@ class Processes:
         assert kv is not None
         return str(kv.value["broker_url"])
 
-    async def start_gateway(self) -> str:
-        """Start a gateway on a free port; its address."""
+    async def start_gateway(self, config: Path | None = None) -> str:
+        """Start a gateway on a free port (with `config`, default the brokers'); its address."""
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "ballast.cli.main", "gateway", "--etcd", self.etcd_url,
-            "--config", str(self.config), "--listen", "127.0.0.1:0", "--log-level", "WARNING",
+            "--config", str(config or self.config), "--listen", "127.0.0.1:0",
+            "--log-level", "WARNING",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=self.env,
         )  # fmt: skip
         self.gateways.append(proc)

@@ -41,6 +41,7 @@ from danube.proto import SchemaRegistry_pb2 as spb
 
 from ballast.config import AuthSettings
 from ballast.server.protocol import pb
+from ballast.server.rpc import WrappingInterceptor
 
 __all__ = [
     "AuthError",
@@ -49,6 +50,7 @@ __all__ = [
     "Permission",
     "TokenAuthority",
     "TokenClaims",
+    "authorize_call",
     "bind",
     "check_bound",
     "parse_permissions",
@@ -377,39 +379,36 @@ def _namespace(topic: str) -> str | None:
     return parts[1] if len(parts) == 3 and parts[0] == "" and parts[1] else None
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):
+def authorize_call(
+    authority: TokenAuthority, method: str, request: Any, metadata: Any
+) -> TokenClaims:
+    """The caller's claims if its token allows the call (`RULES`); `AuthError` if not."""
+    rule = RULES.get(method)
+    if rule is None:
+        return authority.authorize(metadata, None, ())
+    cls, getter, needed = rule
+    namespace = None
+    if getter is not None:
+        if isinstance(request, bytes):
+            request = cls.FromString(request)
+        namespace = _namespace(getter(request))
+        if namespace is None:  # a malformed name: the handler answers INVALID_ARGUMENT
+            needed = ()
+    return authority.authorize(metadata, namespace, needed)
+
+
+class AuthInterceptor(WrappingInterceptor):
     """Checks the bearer token of every call of the client protocol before its handler."""
 
     def __init__(self, authority: TokenAuthority, on_refused: Callable[[str, str], None]) -> None:
+        super().__init__()
         self.authority = authority
         self.on_refused = on_refused
 
     def _check(self, method: str, request: Any, metadata: Any) -> None:
-        CALLER.set(self._claims(method, request, metadata))
+        CALLER.set(authorize_call(self.authority, method, request, metadata))
 
-    def _claims(self, method: str, request: Any, metadata: Any) -> TokenClaims:
-        rule = RULES.get(method)
-        if rule is None:
-            return self.authority.authorize(metadata, None, ())
-        cls, getter, needed = rule
-        namespace = None
-        if getter is not None:
-            if isinstance(request, bytes):
-                request = cls.FromString(request)
-            namespace = _namespace(getter(request))
-            if namespace is None:  # a malformed name: the handler answers INVALID_ARGUMENT
-                needed = ()
-        return self.authority.authorize(metadata, namespace, needed)
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Any],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> Any:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        method = handler_call_details.method
+    def wrap(self, method: str, handler: Any) -> Any:
         check = self._check
         refused = self.on_refused
 

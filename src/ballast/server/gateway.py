@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from danube.proto import SchemaRegistry_pb2 as spb
 
 from ballast.aio import Served, cancel_and_wait
 from ballast.clock import SystemClock
@@ -50,8 +51,10 @@ from ballast.config import BallastConfig
 from ballast.metadata import MetadataError, MetadataStore, WatchEvent, keys
 from ballast.metadata.records import RecordKind, Registration, classify, parse_owner_value
 from ballast.model import InvalidTopicName, ModelError, TopicName
+from ballast.server.auth import bearer_token
 from ballast.server.directory import Directory
 from ballast.server.gateway_sessions import ConsumerSession, HeldBudget, SessionTable
+from ballast.server.link import BATCH_BYTES, SendLink
 from ballast.server.protocol import (
     CLIENT_CONSUMER,
     CLIENT_PRODUCER,
@@ -60,7 +63,12 @@ from ballast.server.protocol import (
     HEALTH_OK,
     pb,
 )
-from ballast.server.security import channel_credentials, interceptors, server_credentials
+from ballast.server.security import (
+    channel_credentials,
+    interceptors,
+    server_credentials,
+    token_authority,
+)
 from ballast.server.server import MAX_RECEIVE_BYTES, split_url
 
 __all__ = ["BROKER_HEADER", "Gateway", "OwnerTable"]
@@ -89,7 +97,8 @@ _RECEIVE = "/danube.ConsumerService/ReceiveMessages"
 _ACK = "/danube.ConsumerService/Ack"
 _NACK = "/danube.ConsumerService/Nack"
 _HEALTH = "/danube.HealthCheck/HealthCheck"
-_SCHEMA_REGISTRY = "/danube_schema.SchemaRegistry/"
+_SCHEMA_SERVICE = spb.DESCRIPTOR.services_by_name["SchemaRegistry"]
+_SCHEMA_METHODS = tuple(f"/{_SCHEMA_SERVICE.full_name}/{m.name}" for m in _SCHEMA_SERVICE.methods)
 
 
 @dataclass(frozen=True)
@@ -205,12 +214,36 @@ def _owner(value: Any) -> str | None:
 
 
 class BrokerLinks:
-    """One gRPC channel per broker URL, reused by every forwarded call."""
+    """One gRPC channel per broker URL, reused by every forwarded call; sends batched on
+    one stream per broker (`SendLink`) unless `batch_sends` is off."""
 
-    def __init__(self, credentials: grpc.ChannelCredentials | None) -> None:
+    def __init__(self, credentials: grpc.ChannelCredentials | None, batch_sends: bool) -> None:
         self.credentials = credentials
+        self.batch_sends = batch_sends
         self.channels: dict[str, grpc.aio.Channel] = {}
         self._unary: dict[tuple[str, str], Any] = {}
+        self._links: dict[str, SendLink] = {}
+
+    def link(self, url: str) -> SendLink | None:
+        """The send link to `url`, once a send has used it."""
+        return self._links.get(url)
+
+    async def send(
+        self, url: str, message: bytes, metadata: list[tuple[str, str]], timeout: float
+    ) -> bytes:
+        """SendMessage on `url`: on its link, or as a unary call (a large message, a
+        broker without the link); failures raise as a unary call's would."""
+        link = self._links.get(url) if self.batch_sends else None
+        if link is None and self.batch_sends:
+            link = self._links[url] = SendLink(self.channel(url), url)
+        if link is not None and link.supported and len(message) < BATCH_BYTES:
+            try:
+                return await link.send(message, bearer_token(metadata), timeout)
+            except grpc.aio.AioRpcError as exc:
+                if link.supported or exc.code() is not grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                log.info("gateway: broker %s has no send link; sending unary calls", url)
+        return bytes(await self.unary(url, _SEND)(message, metadata=metadata, timeout=timeout))
 
     def unary(self, url: str, method: str) -> Any:
         """The (cached) bytes-in, bytes-out callable of `method` on `url`'s channel."""
@@ -248,6 +281,9 @@ class BrokerLinks:
         return True
 
     async def close(self) -> None:
+        links, self._links = self._links, {}
+        for link in links.values():
+            await link.close()
         channels, self.channels = self.channels, {}
         self._unary.clear()
         for channel in channels.values():
@@ -297,7 +333,7 @@ class Gateway(Served, grpc.GenericRpcHandler):
         self.advertise = ""
         self.table = OwnerTable(store)
         self.directory = Directory(store, SystemClock())
-        self.links = BrokerLinks(channel_credentials(config.tls))
+        self.links = BrokerLinks(channel_credentials(config.tls), self.settings.batch_sends)
         self.sessions = SessionTable(_CACHE_IDS)
         self.held = HeldBudget(self.settings.held_sends_max, self.settings.held_bytes_max)
         self._reacks: set[asyncio.Task[None]] = set()
@@ -324,15 +360,14 @@ class Gateway(Served, grpc.GenericRpcHandler):
             _NACK: grpc.unary_unary_rpc_method_handler(self._nack),
             _HEALTH: grpc.unary_unary_rpc_method_handler(self._health),
         }
+        for name in _SCHEMA_METHODS:
+            self._handlers[name] = self._schema_handler(name)
 
     # -- serving ---------------------------------------------------------------------------
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
-        method = handler_call_details.method
-        handler = self._handlers.get(method)
-        if handler is None and method.startswith(_SCHEMA_REGISTRY):
-            handler = self._handlers[method] = self._schema_handler(method)
-        return handler
+        # Unknown methods get None (UNIMPLEMENTED): nothing is kept per made-up name.
+        return self._handlers.get(handler_call_details.method)
 
     def _schema_handler(self, method: str) -> Any:
         """The schema registry lives in the metadata store: any broker answers it."""
@@ -357,7 +392,7 @@ class Gateway(Served, grpc.GenericRpcHandler):
                 ("grpc.so_reuseport", 0),
             ],
             interceptors=interceptors(
-                self.config, lambda rpc, code: self._count(f"refused_{code}")
+                token_authority(self.config), lambda rpc, code: self._count(f"refused_{code}")
             ),
         )
         server.add_generic_rpc_handlers((self,))
@@ -638,12 +673,11 @@ class Gateway(Served, grpc.GenericRpcHandler):
                 generation = session.generation
                 message.msg_id.producer_id = session.broker_id
                 try:
-                    return bytes(
-                        await self.links.unary(session.url, _SEND)(
-                            message.SerializeToString(),
-                            metadata=metadata,
-                            timeout=self.settings.forward_timeout_seconds,
-                        )
+                    return await self.links.send(
+                        session.url,
+                        message.SerializeToString(),
+                        metadata,
+                        self.settings.forward_timeout_seconds,
                     )
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() is not grpc.StatusCode.UNAVAILABLE:

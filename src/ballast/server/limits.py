@@ -17,6 +17,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from ballast.server.errors import bad_input
+from ballast.server.rpc import WrappingInterceptor
 
 __all__ = [
     "MAX_NAME_BYTES",
@@ -63,7 +64,7 @@ def check_name(value: str, field: str) -> None:
         )
 
 
-class DecodeInterceptor(grpc.aio.ServerInterceptor):
+class DecodeInterceptor(WrappingInterceptor):
     """Parses requests itself so that malformed protobuf gets INVALID_ARGUMENT, counted.
 
     gRPC's own deserializer answers UNKNOWN and logs an error with a traceback; this one
@@ -72,18 +73,13 @@ class DecodeInterceptor(grpc.aio.ServerInterceptor):
     """
 
     def __init__(self, on_refused: Callable[[str, str], None]) -> None:
+        super().__init__()
         self.on_refused = on_refused
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Any],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> Any:
-        handler = await continuation(handler_call_details)
-        parse = None if handler is None else handler.request_deserializer
+    def wrap(self, method: str, handler: Any) -> Any:
+        parse = handler.request_deserializer
         if parse is None:
             return handler
-        method = handler_call_details.method
         refused = self.on_refused
 
         async def decode(raw: bytes, context: grpc.aio.ServicerContext) -> Any:

@@ -20,7 +20,7 @@ from ballast.metadata import MetadataError
 from ballast.schemas import SchemaError
 from ballast.server.errors import RpcFailure, not_served
 
-__all__ = ["RpcService", "rpc", "schema_failure"]
+__all__ = ["RpcService", "WrappingInterceptor", "rpc", "schema_failure"]
 
 log = logging.getLogger(__name__)
 
@@ -87,3 +87,36 @@ def rpc(name: str) -> Callable[[Callable[..., Awaitable[T]]], Callable[..., Awai
         return handler
 
     return wrap
+
+
+class WrappingInterceptor(grpc.aio.ServerInterceptor):
+    """An interceptor that wraps each method's handler once, not on every call.
+
+    gRPC asks the interceptors for a handler on every call; rebuilding the wrapper each
+    time costs tens of microseconds per call on the hot path (SendMessage). The handlers
+    behind are the same objects for the same method, so the wrapper is kept per method
+    (only for methods that exist: unknown names get None and keep nothing).
+    """
+
+    def __init__(self) -> None:
+        self._wrapped: dict[str, tuple[Any, Any]] = {}
+
+    def wrap(self, method: str, handler: Any) -> Any:
+        """The handler to serve `method` with instead of `handler`."""
+        raise NotImplementedError
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Any],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Any:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self.wrap(method, handler)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped

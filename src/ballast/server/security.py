@@ -3,8 +3,8 @@
 `server_credentials` turns the `tls` section into gRPC server credentials (a certificate
 chain, and with `require_client_cert` the CA that client certificates must chain to);
 `channel_credentials` is what a gateway uses to dial brokers that serve TLS (their CA,
-and its own certificate for mTLS). `interceptors` returns the `AuthInterceptor` when the
-`auth` section asks for JWT tokens.
+and its own certificate for mTLS). `token_authority` checks tokens when the `auth` section
+asks for JWT tokens and `interceptors` puts it in front of every call.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import grpc
 from ballast.config import BallastConfig, TlsSettings
 from ballast.server.auth import AuthInterceptor, TokenAuthority
 
-__all__ = ["channel_credentials", "interceptors", "server_credentials"]
+__all__ = ["channel_credentials", "interceptors", "server_credentials", "token_authority"]
 
 
 def _pem(path: str | None, what: str) -> bytes | None:
@@ -54,10 +54,13 @@ def channel_credentials(tls: TlsSettings) -> grpc.ChannelCredentials | None:
     )
 
 
+def token_authority(config: BallastConfig) -> TokenAuthority | None:
+    """What checks tokens when `auth.mode` is ``jwt``; None otherwise."""
+    return TokenAuthority(config.auth) if config.auth.mode == "jwt" else None
+
+
 def interceptors(
-    config: BallastConfig, on_refused: Callable[[str, str], None]
+    authority: TokenAuthority | None, on_refused: Callable[[str, str], None]
 ) -> list[grpc.aio.ServerInterceptor]:
-    """The token check when `auth.mode` is ``jwt``; nothing otherwise."""
-    if config.auth.mode != "jwt":
-        return []
-    return [AuthInterceptor(TokenAuthority(config.auth), on_refused)]
+    """The token check when there is an `authority`; nothing otherwise."""
+    return [] if authority is None else [AuthInterceptor(authority, on_refused)]

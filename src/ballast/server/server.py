@@ -17,9 +17,10 @@ from ballast.aio import Served
 from ballast.config import BallastConfig
 from ballast.server.host import DataPlaneHost
 from ballast.server.limits import DecodeInterceptor
+from ballast.server.link import LinkService
 from ballast.server.protocol import pb_grpc
 from ballast.server.schemas import SchemaRegistryService, spb_grpc
-from ballast.server.security import interceptors, server_credentials
+from ballast.server.security import interceptors, server_credentials, token_authority
 from ballast.server.service import DataPlaneService
 
 __all__ = ["DataPlaneServer", "split_url"]
@@ -70,6 +71,7 @@ class DataPlaneServer(Served):
             counters.reject(rpc.rsplit("/", 1)[-1], reason)
 
         limits = self.config.data_plane
+        authority = token_authority(self.config)
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", limits.max_request_bytes),
@@ -78,7 +80,7 @@ class DataPlaneServer(Served):
             maximum_concurrent_rpcs=limits.max_concurrent_rpcs,
             # Malformed protobuf refused first, then JWT tokens (`auth` section), checked
             # before any handler runs.
-            interceptors=[DecodeInterceptor(refused), *interceptors(self.config, refused)],
+            interceptors=[DecodeInterceptor(refused), *interceptors(authority, refused)],
         )
         address = f"{self.bind_host}:{self.bind_port}"
         credentials = server_credentials(self.config.tls)
@@ -103,6 +105,8 @@ class DataPlaneServer(Served):
         pb_grpc.add_HealthCheckServicer_to_server(service, server)
         registry = SchemaRegistryService(service.schemas.schemas, service.schemas, counters.reject)
         spb_grpc.add_SchemaRegistryServicer_to_server(registry, server)
+        # Gateways' sends, batched (each one still the SendMessage above, token checked).
+        server.add_generic_rpc_handlers((LinkService(service.SendMessage, authority, refused),))
         await server.start()
         self._server = server
         await self.host.start()

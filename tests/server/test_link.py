@@ -1,0 +1,203 @@
+"""The send link: a gateway's sends batched on one stream per broker, each still checked as
+the SendMessage it is (producer, size, token), refusals answered per send, a broker
+without the link served by unary calls, and the real client through a gateway."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from ballast.config import parse_config
+from ballast.metadata.etcd import EtcdStore
+from ballast.server.auth import Permission
+from ballast.server.gateway import BrokerLinks, Gateway
+from ballast.server.link import (
+    LINK_METHOD,
+    LinkFrameError,
+    SendLink,
+    decode_records,
+    encode_record,
+    request_body,
+)
+from ballast.server.protocol import pb
+from tests.server.certs import make_pki
+from tests.server.helpers import DataBroker, DataCluster, data_config, new_client
+from tests.server.test_hostile import raw_producer
+from tests.server.test_security import secured_config, token
+
+pytestmark = pytest.mark.timeout(60)
+
+TOPIC = "/default/linked"
+
+
+def test_frames_carry_records_and_refuse_a_cut_one() -> None:
+    frame = encode_record(1, b"abc") + encode_record(2**40, b"") + encode_record(7, b"x" * 300)
+    assert [(i, bytes(b)) for i, b in decode_records(frame)] == [
+        (1, b"abc"),
+        (2**40, b""),
+        (7, b"x" * 300),
+    ]
+    with pytest.raises(LinkFrameError, match="announced"):
+        decode_records(frame[:-1])
+    with pytest.raises(LinkFrameError, match="cut short"):
+        decode_records(frame + b"\x01\x02")
+
+
+def accepted(broker: DataBroker) -> float:
+    registry = broker.host.counters.registry
+    return registry.get_sample_value("ballast_dataplane_messages_in_total") or 0.0
+
+
+def message(producer_id: int, payload: bytes, topic: str = TOPIC) -> bytes:
+    msg_id = pb.MsgID(producer_id=producer_id, topic_name=topic)
+    return bytes(pb.StreamMessage(request_id=1, msg_id=msg_id, payload=payload).SerializeToString())
+
+
+@pytest.fixture
+async def broker(etcd_store: EtcdStore, tmp_path: Path) -> AsyncIterator[DataBroker]:
+    config = data_config(tmp_path, data_plane={"max_message_bytes": 64 * 1024})
+    async with DataCluster(etcd_store, config) as cluster:
+        yield await cluster.start_broker("l1")
+
+
+async def test_linked_sends_are_batched_and_each_answered_as_a_send(broker: DataBroker) -> None:
+    async with grpc.aio.insecure_channel(broker.url) as channel:
+        producer = await raw_producer(channel, TOPIC, pb.Reliable)
+        link = SendLink(channel, broker.url)
+        try:
+            good = [link.send(message(producer, b"m%d" % i), None, 10) for i in range(40)]
+            replies = await asyncio.gather(*good)
+            assert all(pb.MessageResponse.FromString(r).request_id == 1 for r in replies)
+            assert link.sends == 40 and link.frames < 40, "concurrent sends share frames"
+
+            # Refusals come back per send, with the code and words of a direct call, and
+            # the link goes on serving.
+            with pytest.raises(grpc.aio.AioRpcError) as unknown:
+                await link.send(message(999_999, b"x"), None, 10)
+            assert unknown.value.code() is grpc.StatusCode.UNAVAILABLE
+            assert "not registered" in (unknown.value.details() or "")
+            with pytest.raises(grpc.aio.AioRpcError) as large:
+                await link.send(message(producer, b"x" * (65 * 1024)), None, 10)
+            assert large.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "max_message_bytes" in (large.value.details() or "")
+            with pytest.raises(grpc.aio.AioRpcError) as garbage:
+                await link.send(b"\xff\xff\xff", None, 10)
+            assert garbage.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "malformed" in (garbage.value.details() or "")
+            await link.send(message(producer, b"after"), None, 10)
+        finally:
+            await link.close()
+    counters = broker.host.counters
+    assert counters.rejected_count("SendMessage", "unknown_producer") == 1
+    assert counters.rejected_count("SendMessage", "message_too_large") == 1
+    assert counters.rejected_count("SendMessage", "malformed_request") == 1
+    assert accepted(broker) == 41
+
+
+async def test_a_malformed_frame_ends_the_link_with_invalid_argument(broker: DataBroker) -> None:
+    async with grpc.aio.insecure_channel(broker.url) as channel:
+        call = channel.stream_stream(LINK_METHOD)()
+        await call.write(encode_record(1, request_body(None, b""))[:-1] + b"\x00" * 20)
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            async for _ in call:
+                pass
+    assert ended.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "malformed frame" in (ended.value.details() or "")
+    assert broker.host.counters.rejected_count("SendMessages", "malformed_request") == 1
+
+
+async def test_each_linked_send_is_checked_against_its_own_token(
+    etcd_store: EtcdStore, tmp_path: Path
+) -> None:
+    pki = make_pki(tmp_path / "pki")
+    config = secured_config(tmp_path / "data", pki)
+    producer_token = token({"default": [Permission.PRODUCE]})
+    reader_token = token({"default": [Permission.CONSUME]})
+    async with DataCluster(etcd_store, config) as cluster:
+        broker = await cluster.start_broker("s1")
+        credentials = grpc.ssl_channel_credentials(pki.ca.read_bytes())
+        async with grpc.aio.secure_channel(broker.url, credentials) as channel:
+            create = channel.unary_unary("/danube.ProducerService/CreateProducer")
+            request = pb.ProducerRequest(
+                request_id=1, producer_name="p", topic_name=TOPIC, dispatch_strategy=1
+            ).SerializeToString()
+            auth = (("authorization", f"Bearer {producer_token}"),)
+            for _ in range(100):  # the topic gets placed
+                try:
+                    created = await create(request, metadata=auth, timeout=10)
+                    break
+                except grpc.aio.AioRpcError as exc:
+                    assert exc.code() is grpc.StatusCode.UNAVAILABLE, exc.details()
+                    await asyncio.sleep(0.1)
+            producer = pb.ProducerResponse.FromString(created).producer_id
+            link = SendLink(channel, broker.url)
+            try:
+                await link.send(message(producer, b"ok"), producer_token, 10)
+                refusals: dict[str | None, Any] = {}
+                for who in (reader_token, None, "forged"):
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        await link.send(message(producer, b"no"), who, 10)
+                    refusals[who] = refused.value.code()
+            finally:
+                await link.close()
+    assert refusals == {
+        reader_token: grpc.StatusCode.PERMISSION_DENIED,
+        None: grpc.StatusCode.UNAUTHENTICATED,
+        "forged": grpc.StatusCode.UNAUTHENTICATED,
+    }
+
+
+async def test_a_broker_without_the_link_gets_unary_calls() -> None:
+    sent: list[bytes] = []
+
+    async def send(request: bytes, context: Any) -> bytes:
+        sent.append(request)
+        return bytes(pb.MessageResponse(request_id=7).SerializeToString())
+
+    handler = grpc.method_handlers_generic_handler(
+        "danube.ProducerService", {"SendMessage": grpc.unary_unary_rpc_method_handler(send)}
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    url = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    links = BrokerLinks(None, batch_sends=True)
+    try:
+        for payload in (b"first", b"second"):
+            reply = await links.send(url, message(1, payload), [], 5)
+            assert pb.MessageResponse.FromString(reply).request_id == 7
+    finally:
+        await links.close()
+        await server.stop(0)
+    assert [pb.StreamMessage.FromString(m).payload for m in sent] == [b"first", b"second"]
+
+
+@pytest.mark.parametrize("batch_sends", [True, False])
+async def test_the_client_through_a_gateway_sends_on_the_link_or_unary(
+    etcd_store: EtcdStore, tmp_path: Path, batch_sends: bool
+) -> None:
+    config = data_config(tmp_path)
+    gateway_config = parse_config({**config.model_dump(), "gateway": {"batch_sends": batch_sends}})
+    async with (
+        DataCluster(etcd_store, config) as cluster,
+        Gateway(etcd_store, gateway_config, "127.0.0.1:0") as gateway,
+    ):
+        broker = await cluster.start_broker("g1")
+        client = await new_client(gateway.advertise)
+        producers = []
+        for n in range(4):
+            producer = client.new_producer().with_topic(TOPIC).with_name(f"p{n}").build()
+            await producer.create()
+            producers.append(producer)
+        await asyncio.gather(*(p.send(b"%d" % i) for p in producers for i in range(25)))
+        assert accepted(broker) == 100
+        link = gateway.links.link(broker.url)
+        if batch_sends:
+            assert link is not None and link.sends == 100
+        else:
+            assert link is None
