@@ -39,8 +39,11 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix src tests benchmarks
 	$(BIN)/ruff format src tests benchmarks
 
+# Two workers (each with its own etcd and Spark session): most tests wait on processes,
+# sockets and timers, so two share this machine's two cores well. TEST_WORKERS=0: serial.
+TEST_WORKERS ?= 2
 unit: $(STAMP) sysdeps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 test: lint unit
 

@@ -108,3 +108,20 @@ async def test_lookup_waits_for_a_live_owner(gone: tuple[Gateway, str, MemorySto
             )
         finally:
             await server.stop(0)
+
+
+async def test_made_up_method_names_are_unimplemented_and_kept_nowhere(
+    gone: tuple[Gateway, str, MemoryStore],
+) -> None:
+    gateway, _, _ = gone
+    known = len(gateway._handlers)
+    async with grpc.aio.insecure_channel(gateway.advertise) as channel:
+        for n in range(50):
+            for prefix in ("/danube_schema.SchemaRegistry/", "/danube.Nothing/"):
+                call = channel.unary_unary(f"{prefix}Made{n}")
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await call(b"", timeout=5)
+                assert refused.value.code() is grpc.StatusCode.UNIMPLEMENTED
+    # Every real schema method is served (a made-up name used to be remembered for ever).
+    assert len(gateway._handlers) == known
+    assert "/danube_schema.SchemaRegistry/GetLatestSchema" in gateway._handlers
