@@ -7,6 +7,7 @@ bad record can be rejected (and counted) without losing the rest.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -87,6 +88,18 @@ def report_totals(topics: Any, ops: Ops = PYTHON_OPS) -> tuple[Any, Any, Any, An
     a Spark array column of topic structs, so both give the same floats.
     """
 
+    if ops is PYTHON_OPS:
+        # The leader builds a report per broker per interval: the same left folds over
+        # `TopicLoad`s, in one pass without the indirection (same floats, same order).
+        byte_rate = msg_rate = 0.0
+        backlog = connections = 0
+        for t in topics:
+            byte_rate = byte_rate + t.byte_rate
+            msg_rate = msg_rate + t.msg_rate
+            backlog = backlog + t.backlog
+            connections = connections + topic_connections(t.producers, t.consumers)
+        return throughput_mbps(byte_rate), msg_rate, backlog, connections
+
     def get(topic: Any, name: str) -> Any:
         return ops.field(topic, name)
 
@@ -159,6 +172,14 @@ def topic_namespace(topic: str) -> str:
 
 def topic_str(value: object) -> str:
     """Validate a topic name and return its canonical string form."""
+    if type(value) is str:
+        return _valid_topic_str(value)
+    return str(TopicName.parse(value))
+
+
+# Every load report names the broker's topics again: a valid name is checked once.
+@functools.lru_cache(maxsize=1 << 18)
+def _valid_topic_str(value: str) -> str:
     return str(TopicName.parse(value))
 
 
@@ -179,6 +200,7 @@ class MarkerReason(StrEnum):
 # --- field readers: one place that turns loose JSON into typed values -------------------
 
 E = TypeVar("E", bound=StrEnum)
+_NUMBERS = frozenset({int, float})  # not bool: `type(True) is bool`
 
 
 def _field(data: Mapping[str, Any], name: str, ctx: str, default: Any = ...) -> Any:
@@ -310,6 +332,29 @@ class TopicLoad:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], ctx: str = "topic") -> TopicLoad:
+        if type(data) is dict:
+            # The leader decodes every topic of every report: well-formed records (all
+            # of them, in practice) take a short path; anything else the checks below.
+            get = data.get
+            topic = get("topic")
+            rates = (get("msg_rate", 0.0), get("byte_rate", 0.0))
+            counts = (
+                get("producers", 0),
+                get("consumers", 0),
+                get("subscriptions", 0),
+                get("backlog", 0),
+            )
+            if (
+                type(topic) is str
+                and all(type(v) in _NUMBERS and v >= 0 for v in rates)
+                and all(type(v) is int and v >= 0 for v in counts)
+            ):
+                try:
+                    name = _valid_topic_str(topic)
+                except InvalidTopicName:
+                    pass  # said precisely below
+                else:
+                    return cls(name, float(rates[0]), float(rates[1]), *counts)
         try:
             topic = topic_str(_field(data, "topic", ctx))
         except InvalidTopicName as exc:
