@@ -107,7 +107,9 @@ async def test_an_old_catalog_is_compacted_in_transactions_etcd_accepts(
         stats = StorageStats()
         loose = replace(config, catalog_keys=10_000)
         await run_uploads(tmp_path, store, object_store, loose, 600, stats=stats)
-        assert await descriptor_keys(store, topic) == 300
+        # Two records per object, or one where a busy machine cut an upload short: far
+        # more keys than one etcd transaction may delete (128 operations) either way.
+        assert 300 <= await descriptor_keys(store, topic) <= 600
         tight = replace(config, catalog_keys=64)
         await run_uploads(tmp_path, store, object_store, tight, 2, stats=stats, broker="b",
                           start=600)  # fmt: skip
