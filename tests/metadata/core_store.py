@@ -13,7 +13,6 @@ from typing import Any
 
 from ballast.clock import SystemClock
 from ballast.metadata import (
-    CompactedError,
     Compare,
     Delete,
     KeyValue,
@@ -23,9 +22,9 @@ from ballast.metadata import (
     Put,
     TxnResult,
     Watch,
-    WatchEvent,
 )
 from ballast.metadata.core import LogEvent, StoreCore
+from ballast.metadata.memory import replay_into
 from ballast.metadata.store import TxnHelpers
 
 
@@ -80,21 +79,9 @@ class CoreStore(TxnHelpers):
         self._open().compact(revision)
 
     def watch_prefix(self, prefix: str, start_revision: int | None = None) -> Watch:
-        core = self._open()
         watch = Watch(prefix, on_close=self.watches.discard)
-        try:
-            past = core.replay(
-                prefix, core.revision + 1 if start_revision is None else start_revision
-            )
-        except CompactedError as exc:
-            watch.deliver_nowait(
-                WatchEvent("compacted", prefix, None, exc.compact_revision, str(exc))
-            )
-            watch.finish()
-            return watch
-        for event in past:
-            watch.deliver_nowait(event.watch_event())
-        self.watches.add(watch)
+        if replay_into(watch, self._open(), start_revision):
+            self.watches.add(watch)
         return watch
 
     def _deliver(self, events: Sequence[LogEvent]) -> None:

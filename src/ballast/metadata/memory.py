@@ -36,6 +36,24 @@ from ballast.metadata.store import (
 __all__ = ["DEFAULT_HISTORY_LIMIT", "MemoryStore"]
 
 
+def replay_into(watch: Watch, core: StoreCore, start_revision: int | None) -> bool:
+    """Deliver `core`'s events for `watch.prefix` from `start_revision` (None: none, only
+    what comes next); False when that revision was compacted (`watch` then yields one
+    ``compacted`` event and ends)."""
+    start = core.revision + 1 if start_revision is None else max(start_revision, 1)
+    try:
+        past = core.replay(watch.prefix, start)
+    except CompactedError as exc:
+        watch.deliver_nowait(
+            WatchEvent("compacted", watch.prefix, None, exc.compact_revision, str(exc))
+        )
+        watch.finish()
+        return False
+    for event in past:
+        watch.deliver_nowait(event.watch_event())
+    return True
+
+
 class MemoryStore(TxnHelpers):
     """In-process `MetadataStore`; leases expire on `clock` (default: the system clock).
 
@@ -143,18 +161,8 @@ class MemoryStore(TxnHelpers):
         """
         self._check_open()
         watch = Watch(prefix, on_close=self._forget_watch)
-        start = self.core.revision + 1 if start_revision is None else max(start_revision, 1)
-        try:
-            past = self.core.replay(prefix, start)
-        except CompactedError as exc:
-            watch.deliver_nowait(
-                WatchEvent("compacted", prefix, None, exc.compact_revision, str(exc))
-            )
-            watch.finish()
-            return watch
-        for event in past:
-            watch.deliver_nowait(event.watch_event())
-        self._watches.add((prefix, watch))
+        if replay_into(watch, self.core, start_revision):
+            self._watches.add((prefix, watch))
         return watch
 
     def _notify(self, events: Sequence[LogEvent]) -> None:
