@@ -138,6 +138,11 @@ async def moves_and_kills(
             "move_producer_pause_s": spread(producer_pauses),
             "move_consumer_pause_s": spread(consumer_pauses),
             "failover_flowing_after_reassignment_s": spread(flowing),
+            # Each move's pauses in the order of the moves (where the tail comes from).
+            "move_pauses_s": [
+                [round(p, 3), round(c, 3)]
+                for p, c in zip(producer_pauses, consumer_pauses, strict=True)
+            ],
             "move_producer_pause_p99_s": round(pct(producer_pauses, 0.99), 3),
             "move_consumer_pause_p99_s": round(pct(consumer_pauses, 0.99), 3),
             "failover_flowing_after_reassignment_p99_s": round(pct(flowing, 0.99), 3),
