@@ -52,7 +52,8 @@ from danube import DanubeClientBuilder, DispatchStrategy, SubType
 from ballast.clock import SystemClock
 from ballast.cluster import AdminClient
 from ballast.metadata.etcd import EtcdStore
-from ballast.model import Move
+from ballast.model import Move, TopicName
+from ballast.storage import FsspecObjectStore, load_catalog
 from tests.etcd_fixtures import EtcdServer, TcpProxy, free_port
 from tests.server.procs import started
 
@@ -511,17 +512,26 @@ async def fault_partition(run: FaultRun, topics: list[str]) -> None:
     await asyncio.sleep(3)
 
 
-def _object_files(run: FaultRun) -> int:
-    return sum(1 for p in (run.root / "objects").rglob("*") if p.is_file())
+async def _uncommitted_objects(run: FaultRun, topics: list[str]) -> int:
+    """Message objects in the shared store that no committed descriptor names."""
+    assert run.store is not None
+    root = run.root / "objects"
+    objects = FsspecObjectStore(str(root))
+    named: set[str] = set()
+    for topic in topics:
+        catalog = await load_catalog(run.store, TopicName.parse(topic), objects=objects)
+        named.update(d.object_id for d in catalog.objects)
+    return sum(1 for p in root.rglob("*.bobj") if p.relative_to(root).as_posix() not in named)
 
 
 async def fault_crash_before_commit(run: FaultRun, topics: list[str]) -> None:
     """The owner writes objects it cannot commit (etcd is cut off from it), then its host
     is lost: those objects are orphans, their sends were never acknowledged."""
-    before = _object_files(run)
     await run.proxies["b2"].cut()
     await asyncio.sleep(1.5)  # sends keep arriving: objects written, their commits wait
-    orphans = _object_files(run) - before
+    # Counted against what etcd holds: the object whose commit the cut caught counts too
+    # (when every producer waits on that commit, no later object is written).
+    orphans = await _uncommitted_objects(run, topics)
     assert orphans > 0, "no object was written while the owner could not commit"
     await run.kill_host("b2")
     await run.start_broker("b3")
