@@ -188,6 +188,9 @@ class LinkService(grpc.GenericRpcHandler):
             return reply_body(grpc.StatusCode.OK, response.SerializeToString())
         except _Refused as exc:
             return reply_body(exc.code, exc.details.encode())
+        except Exception as exc:  # a bug: answered, so the gateway does not wait it out
+            log.exception("linked send failed")
+            return reply_body(grpc.StatusCode.INTERNAL, f"SendMessage failed: {exc}".encode())
 
     def _authorize(self, token: str, request: Any) -> None:
         """What the token interceptor does for a SendMessage call, for one linked send."""
