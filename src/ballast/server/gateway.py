@@ -14,7 +14,7 @@ address:
   the registry is in the metadata store.
 - **Every other call** is forwarded to the broker named in the ``x-danube-broker-url``
   header (one channel per broker, payloads passed through as bytes); without the header
-  it goes to the topic's owner.
+  it goes to the topic's owner. Sends travel batched on one stream per broker (`link`).
 - **Producers and consumers created here are sessions** (`gateway_sessions`): the client
   gets an id of the gateway's, and when the topic moves or its owner dies the gateway
   re-creates the producer or consumer on the new owner and carries on, so the client
