@@ -79,7 +79,9 @@ BROKER_HEADER = "x-danube-broker-url"
 _FORWARDED_HEADERS = ("authorization",)
 _CACHE_IDS = 100_000
 _CLOSE_DELAY = 0.2  # end a held stream this long after its CLOSE went out
-_LOADING_POLL = 0.03  # a carried session asks a new owner still opening its topic this often
+# A carried session asks a new owner still opening its topic again after 10 ms (a move's
+# opening is short), backing off to 100 ms (a failover opens many topics at once).
+_LOADING_POLL = (0.01, 0.1)
 _REACH_TIMEOUT = 0.25  # a probe of a dead owner must not hold up noticing its heir
 
 _REFUSALS = (
@@ -611,6 +613,7 @@ class Gateway(Served, grpc.GenericRpcHandler):
         async with session.lock:
             if session.generation != generation:
                 return  # another call already did
+            poll = _LOADING_POLL[0]
             while True:
                 owner = self.table.owner(session.topic)
                 answered = False  # the owner answered (it is opening the topic): ask again soon
@@ -641,7 +644,10 @@ class Gateway(Served, grpc.GenericRpcHandler):
                         f"topic {session.topic} has no serving owner after "
                         f"{self.settings.lookup_wait_seconds} s; look it up again",
                     )
-                await self.table.changed(min(_LOADING_POLL if answered else 0.2, left))
+                wait = poll if answered else 0.2
+                if answered:
+                    poll = min(poll * 1.5, _LOADING_POLL[1])
+                await self.table.changed(min(wait, left))
 
     # -- producers -------------------------------------------------------------------------
 
