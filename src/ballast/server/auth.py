@@ -401,14 +401,14 @@ class AuthInterceptor(WrappingInterceptor):
     """Checks the bearer token of every call of the client protocol before its handler."""
 
     def __init__(self, authority: TokenAuthority, on_refused: Callable[[str, str], None]) -> None:
-        super().__init__()
+        super().__init__(self._wrap)
         self.authority = authority
         self.on_refused = on_refused
 
     def _check(self, method: str, request: Any, metadata: Any) -> None:
         CALLER.set(authorize_call(self.authority, method, request, metadata))
 
-    def wrap(self, method: str, handler: Any) -> Any:
+    def _wrap(self, method: str, handler: Any) -> Any:
         check = self._check
         refused = self.on_refused
 

@@ -73,10 +73,10 @@ class DecodeInterceptor(WrappingInterceptor):
     """
 
     def __init__(self, on_refused: Callable[[str, str], None]) -> None:
-        super().__init__()
+        super().__init__(self._wrap)
         self.on_refused = on_refused
 
-    def wrap(self, method: str, handler: Any) -> Any:
+    def _wrap(self, method: str, handler: Any) -> Any:
         parse = handler.request_deserializer
         if parse is None:
             return handler

@@ -98,12 +98,9 @@ class WrappingInterceptor(grpc.aio.ServerInterceptor):
     (only for methods that exist: unknown names get None and keep nothing).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, wrap: Callable[[str, Any], Any]) -> None:
+        self.wrap = wrap  # (method, handler) -> the handler to serve `method` with
         self._wrapped: dict[str, tuple[Any, Any]] = {}
-
-    def wrap(self, method: str, handler: Any) -> Any:
-        """The handler to serve `method` with instead of `handler`."""
-        raise NotImplementedError
 
     async def intercept_service(
         self,
