@@ -32,13 +32,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ballast.cluster import AdminClient
 from ballast.cluster.traffic import LiveTraffic
 from ballast.metadata import keys
 from ballast.metadata.etcd import EtcdStore
 from tests.etcd_fixtures import EtcdServer
-from tests.server.procs import Processes, write_config
+from tests.server.procs import Processes, started, write_config
 
 
 def pct(values: list[float], q: float) -> float:
@@ -149,8 +151,11 @@ async def failover(
         await procs.close()
 
 
-async def throughput(url: str, topic: str, producers: int, duration: float) -> dict[str, Any]:
-    """Concurrent producers (sequential sends each) for `duration` s: msg/s and latency."""
+async def throughput(
+    url: str, topic: str, producers: int, duration: float, pids: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """Concurrent producers (sequential sends each) for `duration` s: msg/s, latency and
+    the CPU time each process in `pids` spent per message (µs)."""
     from danube import DanubeClientBuilder
 
     client = await DanubeClientBuilder().service_url(f"http://{url}").build()
@@ -170,16 +175,26 @@ async def throughput(url: str, topic: str, producers: int, duration: float) -> d
             await producer.send(payload)
             latencies.append(time.monotonic() - began)
 
+    watched = {name: psutil.Process(pid) for name, pid in (pids or {}).items()}
+    cpu_before = {name: _cpu(proc) for name, proc in watched.items()}
     began = time.monotonic()
     await asyncio.gather(*(run(p) for p in made))
     elapsed = time.monotonic() - began
+    spent = {name: _cpu(proc) - cpu_before[name] for name, proc in watched.items()}
     for producer in made:
         await producer.close()
+    sent = max(1, len(latencies))
     return {
         "msg_per_s": round(len(latencies) / elapsed, 1),
         "latency_ms_p50": round(pct(latencies, 0.5) * 1000, 2),
         "latency_ms_p99": round(pct(latencies, 0.99) * 1000, 2),
+        "cpu_us_per_msg": {name: round(cpu / sent * 1e6) for name, cpu in spent.items()},
     }
+
+
+def _cpu(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return float(times.user + times.system)
 
 
 async def overhead(
@@ -193,18 +208,30 @@ async def overhead(
         work / "overhead-unary.yaml", work / "data-overhead", gateway={"batch_sends": False}
     )
     procs = Processes(etcd_url, config, store)
+    relays: list[_Relay] = []
     try:
         urls = {
             "direct": await procs.start_broker("solo"),
             "gateway": await procs.start_gateway(),
             "gateway_unary": await procs.start_gateway(unary),
         }
+        broker = procs.brokers["solo"].pid
+        pids: dict[str, dict[str, int]] = {"direct": {"client": os.getpid(), "broker": broker}}
+        for mode, gateway in zip(("gateway", "gateway_unary"), procs.gateways, strict=True):
+            pids[mode] = {"client": os.getpid(), "gateway": gateway.pid, "broker": broker}
+        for relay_mode in ("link", "unary"):
+            relay = await _start_relay(urls["direct"], relay_mode)
+            relays.append(relay)
+            urls[f"relay_{relay_mode}"] = relay.address
+            pids[f"relay_{relay_mode}"] = {
+                "client": os.getpid(), "gateway": relay.proc.pid, "broker": broker
+            }  # fmt: skip
         topic = "/default/overhead"
         await throughput(urls["gateway"], topic, 1, 1.0)  # creates and places the topic; warm-up
         runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in urls}
         for _ in range(rounds):
             for mode, url in urls.items():
-                runs[mode].append(await throughput(url, topic, producers, duration))
+                runs[mode].append(await throughput(url, topic, producers, duration, pids[mode]))
         median = {mode: _median_run(found) for mode, found in runs.items()}
         direct = median["direct"]["msg_per_s"]
 
@@ -218,10 +245,30 @@ async def overhead(
             **median,
             "overhead_msg_per_s_percent": loss("gateway"),
             "overhead_unary_msg_per_s_percent": loss("gateway_unary"),
+            "relay_link_overhead_percent": loss("relay_link"),
+            "relay_unary_overhead_percent": loss("relay_unary"),
             "goal_met": loss("gateway") <= 25.0,
         }
     finally:
+        for relay in relays:
+            relay.proc.terminate()
+            await relay.proc.wait()
         await procs.close()
+
+
+class _Relay:
+    def __init__(self, proc: asyncio.subprocess.Process, address: str) -> None:
+        self.proc = proc
+        self.address = address
+
+
+async def _start_relay(broker: str, mode: str) -> _Relay:
+    """`relay.py`: the cheapest forwarder (no sessions, no checks), for comparison."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(Path(__file__).with_name("relay.py")), "--broker", broker,
+        "--mode", mode, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    return _Relay(proc, await started(proc, "RELAY-STARTED", f"relay ({mode})"))
 
 
 def _median_run(found: list[dict[str, Any]]) -> dict[str, Any]:
