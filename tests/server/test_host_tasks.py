@@ -4,12 +4,16 @@ it every retry of a topic whose opening had failed)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from ballast.clock import FakeClock
 from ballast.metadata import MemoryStore, keys
 from ballast.metadata.store import KeyValue, MetadataUnavailableError
+from ballast.server import host as host_module
 from ballast.server.host import DataPlaneHost
 from tests.server.helpers import data_config
 from tests.storage.helpers import eventually
@@ -72,3 +76,48 @@ async def test_a_load_after_stop_is_ignored_and_a_load_before_start_refused(
     await host.stop()
     await host.load("/default/t", None)  # a broker reacting while its server stops
     assert not host.topics and not host._opening
+
+
+class SlowStore(MemoryStore):
+    """A memory store whose reads wait while `gate` is closed (an opening in progress)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def get(self, key: str) -> KeyValue | None:
+        await self.gate.wait()
+        return await super().get(key)
+
+
+async def test_a_create_for_a_topic_being_opened_waits_for_the_opening(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CreateProducer/Subscribe ask `serving`: a topic this broker is opening is answered
+    once open (a move's new owner), not with UNAVAILABLE and a retry."""
+    store = SlowStore()
+    host = DataPlaneHost("b1", store, FakeClock(), data_config(tmp_path))
+    await host.start()
+    try:
+        assert await host.serving("/default/t") is None  # neither served nor opening
+        store.gate.clear()
+        await host.load("/default/t", None)
+        assert "/default/t" in host._opening
+        asking = asyncio.create_task(host.serving("/default/t"))
+        await asyncio.sleep(0.1)
+        assert not asking.done()  # waits for the opening
+        store.gate.set()
+        served = await asyncio.wait_for(asking, 5)
+        assert served is host.topics["/default/t"]
+
+        # An opening slower than the wait: the caller gets no topic (and UNAVAILABLE).
+        monkeypatch.setattr(host_module, "CREATE_WAITS_FOR_OPENING_SECONDS", 0.1)
+        store.gate.clear()
+        await host.load("/default/u", None)
+        assert await host.serving("/default/u") is None
+        store.gate.set()
+        await eventually(lambda: "/default/u" in host.topics)
+    finally:
+        store.gate.set()
+        await host.stop()

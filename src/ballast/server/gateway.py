@@ -614,10 +614,13 @@ class Gateway(Served, grpc.GenericRpcHandler):
             if session.generation != generation:
                 return  # another call already did
             poll = _LOADING_POLL[0]
+            asked: str | None = None
             while True:
                 owner = self.table.owner(session.topic)
                 answered = False  # the owner answered (it is opening the topic): ask again soon
                 if owner is not None:
+                    if owner.url != asked:  # a new owner: its opening has just begun
+                        asked, poll = owner.url, _LOADING_POLL[0]
                     try:
                         reply = await self.links.unary(owner.url, method)(
                             session.request,

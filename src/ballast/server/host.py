@@ -73,6 +73,10 @@ PRODUCER_IDLE_SECONDS = 60.0
 CLOSE_AFTER_HEALTH_SECONDS = 0.5  # lets the client's acks of what it got arrive first
 RELAY_ACK_SECONDS = 3.0
 OPEN_WAIT_SECONDS = 0.05  # `load` returns after this; a slower opening goes on meanwhile
+# A CreateProducer/Subscribe for a topic this broker is opening waits this long for it
+# (a move's opening takes milliseconds) instead of answering UNAVAILABLE at once, which
+# costs a direct client its retry backoff and a gateway a poll.
+CREATE_WAITS_FOR_OPENING_SECONDS = 2.0
 
 
 class DataPlaneHost:
@@ -173,6 +177,14 @@ class DataPlaneHost:
         self._opening[topic] = task
         task.add_done_callback(lambda done: self._opened(topic, done))
         await asyncio.wait({task}, timeout=OPEN_WAIT_SECONDS)
+
+    async def serving(self, topic: str) -> ServedTopic | None:
+        """The topic as served here; while it is being opened here, once that finishes
+        (within `CREATE_WAITS_FOR_OPENING_SECONDS`)."""
+        opening = self._opening.get(topic)
+        if opening is not None and topic not in self.topics:
+            await asyncio.wait({opening}, timeout=CREATE_WAITS_FOR_OPENING_SECONDS)
+        return self.topics.get(topic)
 
     def _opened(self, topic: str, task: asyncio.Task[None]) -> None:
         if self._opening.get(topic) is task:

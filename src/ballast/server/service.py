@@ -174,7 +174,7 @@ class DataPlaneService(
                 "(0 = NonReliable, 1 = Reliable)",
                 "bad_dispatch_strategy",
             )
-        served = self.host.topics.get(str(topic))
+        served = await self.host.serving(str(topic))
         if served is None or not served.accepting:
             await self._not_here(topic, strategy, create=True)
             raise AssertionError("unreachable")
@@ -297,7 +297,7 @@ class DataPlaneService(
                 "bad_subscription_type",
             )
         check_name(request.consumer_name, "consumer_name")
-        served = self.host.topics.get(str(topic))
+        served = await self.host.serving(str(topic))
         if served is None or not served.accepting:
             await self._not_here(topic, None, create=False)
             raise AssertionError("unreachable")
