@@ -5,6 +5,7 @@ lenient acks, and lookups that wait for a live owner."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -16,7 +17,7 @@ from ballast.config import parse_config
 from ballast.metadata import MemoryStore, keys
 from ballast.metadata.records import claim_ops, release_ops
 from ballast.model import TopicName
-from ballast.server.gateway import BROKER_HEADER, Gateway
+from ballast.server.gateway import BROKER_HEADER, Gateway, OwnerTable
 from ballast.server.protocol import CLIENT_CONSUMER, HEALTH_CLOSE, pb, pb_grpc
 
 pytestmark = pytest.mark.timeout(30)
@@ -125,3 +126,35 @@ async def test_made_up_method_names_are_unimplemented_and_kept_nowhere(
     # Every real schema method is served (a made-up name used to be remembered for ever).
     assert len(gateway._handlers) == known
     assert "/danube_schema.SchemaRegistry/GetLatestSchema" in gateway._handlers
+
+
+async def test_a_change_made_while_a_caller_was_busy_is_not_missed() -> None:
+    """A carried session reads the owner, asks it (busy), then waits for a change: a new
+    owner recorded meanwhile ends the wait at once instead of after its timeout."""
+    store = MemoryStore()
+    table = OwnerTable(store)
+    watching = asyncio.create_task(table.run())
+    try:
+        await asyncio.wait_for(table.ready.wait(), 5)
+        seen = table.version
+        assert table.owner(str(TOPIC)) is None
+        # While the caller is busy elsewhere, the topic gets an owner.
+        await store.put(keys.register("b1"), {"broker_url": "127.0.0.1:1"})
+        await store.txn([], claim_ops("b1", str(TOPIC), {"assigned_at": 0, "epoch": 1}))
+        for _ in range(100):
+            if table.owner(str(TOPIC)) is not None:
+                break
+            await asyncio.sleep(0.01)
+        began = time.monotonic()
+        await table.changed(5.0, seen)
+        assert time.monotonic() - began < 0.5
+        owner = table.owner(str(TOPIC))
+        assert owner is not None and owner.broker_id == "b1"
+        # Nothing new since: the wait runs to its timeout.
+        began = time.monotonic()
+        await table.changed(0.2, table.version)
+        assert time.monotonic() - began >= 0.19
+    finally:
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching

@@ -119,6 +119,7 @@ class OwnerTable:
         self.urls: dict[str, str] = {}  # broker id -> broker_url (registered brokers)
         self.owners: dict[str, str] = {}  # topic -> broker id (its ownership record)
         self.ready = asyncio.Event()
+        self.version = 0  # counts changes: a waiter misses none made since it looked
         self._changed = asyncio.Event()
 
     def owner(self, topic: str) -> Route | None:
@@ -141,13 +142,17 @@ class OwnerTable:
             return Route(broker, self.urls[broker])
         return None
 
-    async def changed(self, timeout: float) -> None:
-        """Wait until something changes (or `timeout`)."""
+    async def changed(self, timeout: float, since: int) -> None:
+        """Wait until something changes after `version` was `since` (or `timeout`): a
+        change made while the caller was busy (e.g. asking the old owner) ends it at once."""
+        if self.version != since:
+            return
         event = self._changed
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout)
 
     def _notify(self) -> None:
+        self.version += 1
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -377,8 +382,11 @@ class Gateway(Served, grpc.GenericRpcHandler):
         async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.settings.lookup_wait_seconds
-            while self.table.any_broker() is None and loop.time() < deadline:
-                await self.table.changed(0.2)  # no broker registered yet (or just now)
+            while True:
+                seen = self.table.version
+                if self.table.any_broker() is not None or loop.time() >= deadline:
+                    break
+                await self.table.changed(0.2, seen)  # no broker registered yet (or just now)
             return await self._unary(method, request, context)
 
         return grpc.unary_unary_rpc_method_handler(forward)
@@ -488,6 +496,7 @@ class Gateway(Served, grpc.GenericRpcHandler):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.lookup_wait_seconds
         while True:
+            seen = self.table.version
             try:
                 reply = await call(
                     request, metadata=metadata, timeout=self.settings.forward_timeout_seconds
@@ -500,7 +509,7 @@ class Gateway(Served, grpc.GenericRpcHandler):
                     # may take a while): wait here instead of spending the client's six
                     # attempts, after which a consumer gives up for good.
                     self._count("held_until_served")
-                    await self.table.changed(0.2)
+                    await self.table.changed(0.2, seen)
                     continue
                 raise _Abort(exc.code(), exc.details() or exc.code().name) from None
             return reply, route
@@ -544,6 +553,7 @@ class Gateway(Served, grpc.GenericRpcHandler):
         unreachable: str | None = None
         checked_exists = False
         while True:
+            seen = self.table.version
             owner = self.table.owner(name)
             left = deadline - loop.time()
             if owner is not None:
@@ -581,7 +591,7 @@ class Gateway(Served, grpc.GenericRpcHandler):
                     grpc.StatusCode.UNAVAILABLE,
                     f"topic {name} has no live owner yet ({why}); retry",
                 )
-            await self.table.changed(min(0.5, left))
+            await self.table.changed(min(0.5, left), seen)
 
     async def _partitions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
@@ -616,6 +626,7 @@ class Gateway(Served, grpc.GenericRpcHandler):
             poll = _LOADING_POLL[0]
             asked: str | None = None
             while True:
+                seen = self.table.version
                 owner = self.table.owner(session.topic)
                 answered = False  # the owner answered (it is opening the topic): ask again soon
                 if owner is not None:
@@ -650,7 +661,7 @@ class Gateway(Served, grpc.GenericRpcHandler):
                 wait = poll if answered else 0.2
                 if answered:
                     poll = min(poll * 1.5, _LOADING_POLL[1])
-                await self.table.changed(min(wait, left))
+                await self.table.changed(min(wait, left), seen)
 
     # -- producers -------------------------------------------------------------------------
 
@@ -808,11 +819,12 @@ class Gateway(Served, grpc.GenericRpcHandler):
     async def _until_moved(self, topic: str, url: str, call: Any) -> None:
         """End the stream from `url` once another broker owns the topic."""
         while True:
+            seen = self.table.version
             owner = self.table.owner(topic)
             if owner is not None and owner.url != url:
                 call.cancel()
                 return
-            await self.table.changed(1.0)
+            await self.table.changed(1.0, seen)
 
     async def _receive_passed(
         self, request: bytes, consumer: int, context: grpc.aio.ServicerContext
