@@ -9,6 +9,7 @@ import contextlib
 import socket
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
@@ -18,6 +19,7 @@ from ballast.metadata import MemoryStore, keys
 from ballast.metadata.records import claim_ops, release_ops
 from ballast.model import TopicName
 from ballast.server.gateway import BROKER_HEADER, Gateway, OwnerTable
+from ballast.server.link import LINK_METHOD, LinkService
 from ballast.server.protocol import CLIENT_CONSUMER, HEALTH_CLOSE, pb, pb_grpc
 
 pytestmark = pytest.mark.timeout(30)
@@ -158,3 +160,86 @@ async def test_a_change_made_while_a_caller_was_busy_is_not_missed() -> None:
         watching.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watching
+
+
+class FakeBroker(grpc.GenericRpcHandler):
+    """A broker that creates producers (with its own ids) and either stores linked sends
+    or takes them and never answers (a host that froze or lost power: no RST comes)."""
+
+    def __init__(self, producer_id: int, *, answers: bool) -> None:
+        self.producer_id = producer_id
+        self.stored: list[pb.StreamMessage] = []
+        self.url = ""
+        self._server = grpc.aio.server()
+        self._link = LinkService(self._store, None, lambda rpc, code: None)
+        self._answers = answers
+
+    async def _store(self, request: Any, context: Any) -> Any:
+        self.stored.append(request)
+        return pb.MessageResponse(request_id=request.request_id)
+
+    async def _create(self, request: bytes, context: Any) -> bytes:
+        asked = pb.ProducerRequest.FromString(request)
+        answer = pb.ProducerResponse(
+            request_id=asked.request_id, producer_id=self.producer_id, producer_name="p"
+        )
+        return bytes(answer.SerializeToString())
+
+    async def _silent(self, frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        async for _ in frames:
+            pass  # taken, never answered
+        yield b""  # pragma: no cover - the stream never ends
+
+    def service(self, details: grpc.HandlerCallDetails) -> Any:
+        if details.method == "/danube.ProducerService/CreateProducer":
+            return grpc.unary_unary_rpc_method_handler(self._create)
+        if details.method == LINK_METHOD and not self._answers:
+            return grpc.stream_stream_rpc_method_handler(self._silent)
+        return self._link.service(details)
+
+    async def __aenter__(self) -> FakeBroker:
+        self._server.add_generic_rpc_handlers((self,))
+        self.url = f"127.0.0.1:{self._server.add_insecure_port('127.0.0.1:0')}"
+        await self._server.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._server.stop(0)
+
+
+async def test_sends_on_a_silent_owner_move_on_when_its_registration_goes() -> None:
+    """A send taken by an owner that then never answers waits only until the owner's
+    registration is gone (not `forward_timeout_seconds`, 30 s): it is carried to the
+    topic's next owner, under that owner's producer id."""
+    store = MemoryStore()
+    config = parse_config({"gateway": {"lookup_wait_seconds": 10.0}})
+    async with FakeBroker(101, answers=False) as hung, FakeBroker(202, answers=True) as heir:
+        await store.put(keys.register("hung"), {"broker_url": hung.url})
+        await store.txn([], claim_ops("hung", str(TOPIC), {"assigned_at": 0, "epoch": 1}))
+        await store.put(keys.topic_meta(TOPIC), {"dispatch_strategy": "reliable"})
+        async with (
+            Gateway(store, config, "127.0.0.1:0") as gateway,
+            grpc.aio.insecure_channel(gateway.advertise) as channel,
+        ):
+            producers = pb_grpc.ProducerServiceStub(channel)
+            created = await producers.CreateProducer(
+                pb.ProducerRequest(request_id=1, producer_name="p", topic_name=str(TOPIC))
+            )
+            message = pb.StreamMessage(
+                request_id=2,
+                msg_id=pb.MsgID(producer_id=created.producer_id, topic_name=str(TOPIC)),
+                payload=b"kept",
+            )
+            sending = asyncio.ensure_future(producers.SendMessage(message))
+            await asyncio.sleep(0.5)
+            assert not sending.done(), "the silent owner has not answered"
+
+            # Its lease expires; the leader gives the topic to the heir.
+            await store.delete(keys.register("hung"))
+            await store.put(keys.register("heir"), {"broker_url": heir.url})
+            await store.txn([], release_ops("hung", str(TOPIC)))
+            await store.txn([], claim_ops("heir", str(TOPIC), {"assigned_at": 1, "epoch": 2}))
+            answer = await asyncio.wait_for(sending, 5)
+            assert answer.request_id == 2
+            assert [m.payload for m in heir.stored] == [b"kept"]
+            assert heir.stored[0].msg_id.producer_id == 202

@@ -114,8 +114,9 @@ class Route:
 class OwnerTable:
     """Registrations and ownership records, from one listing of ``/cluster/`` and its watch."""
 
-    def __init__(self, store: MetadataStore) -> None:
+    def __init__(self, store: MetadataStore, on_gone: Callable[[str], None] | None = None) -> None:
         self.store = store
+        self.on_gone = on_gone  # called with a broker_url whose registration went away
         self.urls: dict[str, str] = {}  # broker id -> broker_url (registered brokers)
         self.owners: dict[str, str] = {}  # topic -> broker id (its ownership record)
         self.ready = asyncio.Event()
@@ -162,7 +163,10 @@ class OwnerTable:
         except ValueError:
             return  # not a key of ours (the leader counts bad records)
         if kind is RecordKind.REGISTRATION and broker is not None:
+            before = self.urls.get(broker)
             _put_or_drop(self.urls, broker, None if deleted else _broker_url(value))
+            if before is not None and before != self.urls.get(broker) and self.on_gone:
+                self.on_gone(before)
         elif kind is RecordKind.OWNER and topic is not None:
             _put_or_drop(self.owners, topic, None if deleted else _owner(value))
         else:
@@ -252,6 +256,16 @@ class BrokerLinks:
                 log.info("gateway: broker %s has no send link; sending unary calls", url)
         return bytes(await self.unary(url, _SEND)(message, metadata=metadata, timeout=timeout))
 
+    def abandon(self, url: str) -> None:
+        """The broker at `url` lost its registration (dead, stalled past its TTL or cut
+        off from the store): end its send link, so that sends waiting on it fail as on a
+        lost connection and their sessions move to the topic's next owner, instead of
+        waiting out `forward_timeout_seconds` on a host that may never answer (no RST
+        comes from a host that lost power)."""
+        link = self._links.pop(url, None)
+        if link is not None:
+            link.abandon()
+
     def unary(self, url: str, method: str) -> Any:
         """The (cached) bytes-in, bytes-out callable of `method` on `url`'s channel."""
         call = self._unary.get((url, method))
@@ -338,9 +352,9 @@ class Gateway(Served, grpc.GenericRpcHandler):
         self.bind_host, self.bind_port = split_url(listen)
         self.url = ""
         self.advertise = ""
-        self.table = OwnerTable(store)
-        self.directory = Directory(store, SystemClock())
         self.links = BrokerLinks(channel_credentials(config.tls), self.settings.batch_sends)
+        self.table = OwnerTable(store, self.links.abandon)
+        self.directory = Directory(store, SystemClock())
         self.sessions = SessionTable(_CACHE_IDS)
         self.held = HeldBudget(self.settings.held_sends_max, self.settings.held_bytes_max)
         self._reacks: set[asyncio.Task[None]] = set()

@@ -293,6 +293,12 @@ class SendLink:
                 self.sends += len(batch)
                 self.frames += 1
 
+    def abandon(self) -> None:
+        """End the stream now: sends waiting for an answer fail with UNAVAILABLE (as on a
+        lost connection); whether the broker stored them is unknown, as then."""
+        if self._run is not None:
+            self._run.cancel()
+
     async def close(self) -> None:
         if self._run is not None:
             self._run.cancel()
