@@ -215,7 +215,8 @@ class FaultRun:
         config = self._config("gateway", self.root / "gateway")
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "ballast.cli.main", "gateway", "--etcd", self.etcd.client_url,
-            "--config", str(config), "--listen", "127.0.0.1:0", "--log-level", "ERROR",
+            "--config", str(config), "--listen", "127.0.0.1:0",
+            "--log-level", os.environ.get("BALLAST_FAULTS_LOG", "ERROR"),
             stdout=asyncio.subprocess.PIPE, stderr=self._log("gateway"), env=self.env,
         )  # fmt: skip
         self.gateway_proc = proc
