@@ -171,7 +171,7 @@ class FakeBroker(grpc.GenericRpcHandler):
         self.stored: list[pb.StreamMessage] = []
         self.url = ""
         self._server = grpc.aio.server()
-        self._link = LinkService(self._store, None, lambda rpc, code: None)
+        self._link = LinkService(None, lambda rpc, code: None, send=self._store)
         self._answers = answers
 
     async def _store(self, request: Any, context: Any) -> Any:

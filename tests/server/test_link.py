@@ -17,6 +17,7 @@ from ballast.metadata.etcd import EtcdStore
 from ballast.server.auth import Permission
 from ballast.server.gateway import BrokerLinks, Gateway
 from ballast.server.link import (
+    ACK_LINK_METHOD,
     LINK_METHOD,
     LinkFrameError,
     SendLink,
@@ -24,7 +25,7 @@ from ballast.server.link import (
     encode_record,
     request_body,
 )
-from ballast.server.protocol import pb
+from ballast.server.protocol import pb, pb_grpc
 from tests.server.certs import make_pki
 from tests.server.helpers import DataBroker, DataCluster, data_config, new_client
 from tests.server.test_hostile import raw_producer
@@ -201,3 +202,59 @@ async def test_the_client_through_a_gateway_sends_on_the_link_or_unary(
             assert link is not None and link.sends == 100
         else:
             assert link is None
+
+
+async def test_acks_travel_on_their_own_link_and_move_the_cursor(broker: DataBroker) -> None:
+    topic = "/default/acked"
+    async with grpc.aio.insecure_channel(broker.url) as channel:
+        producer = await raw_producer(channel, topic, pb.Reliable)
+        sends = SendLink(channel, broker.url)
+        consumers = pb_grpc.ConsumerServiceStub(channel)
+        subscribed = await consumers.Subscribe(
+            pb.ConsumerRequest(
+                request_id=1,
+                topic_name=topic,
+                consumer_name="c",
+                subscription="s",
+                subscription_type=0,
+            )
+        )
+        stream = consumers.ReceiveMessages(
+            pb.ReceiveRequest(request_id=2, consumer_id=subscribed.consumer_id)
+        )
+        acks = SendLink(channel, broker.url, ACK_LINK_METHOD)
+        try:
+            for i in range(5):
+                await sends.send(message(producer, b"m%d" % i, topic), None, 10)
+            got = [await asyncio.wait_for(stream.read(), 10) for _ in range(5)]
+            offsets = [m.msg_id.topic_offset for m in got]
+            replies = await asyncio.gather(
+                *(
+                    acks.send(
+                        pb.AckRequest(
+                            request_id=10 + n, msg_id=m.msg_id, subscription_name="s"
+                        ).SerializeToString(),
+                        None,
+                        10,
+                    )
+                    for n, m in enumerate(got)
+                )
+            )
+            assert sorted(pb.AckResponse.FromString(r).request_id for r in replies) == [
+                10, 11, 12, 13, 14
+            ]  # fmt: skip
+            assert acks.sends == 5 and sends.sends == 5, "each kind on its own link"
+            dispatcher = broker.host.topics[topic].subscriptions["s"]
+            assert dispatcher.cursor == max(offsets)
+
+            # A malformed ack is refused alone, naming the call; the link goes on.
+            with pytest.raises(grpc.aio.AioRpcError) as bad:
+                await acks.send(b"\xff\xff\xff", None, 10)
+            assert bad.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "Ack: malformed request" in (bad.value.details() or "")
+            again = pb.AckRequest(request_id=20, msg_id=got[-1].msg_id, subscription_name="s")
+            assert await acks.send(again.SerializeToString(), None, 10)
+        finally:
+            stream.cancel()
+            await sends.close()
+            await acks.close()

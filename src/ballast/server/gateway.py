@@ -54,7 +54,7 @@ from ballast.model import InvalidTopicName, ModelError, TopicName
 from ballast.server.auth import bearer_token
 from ballast.server.directory import Directory
 from ballast.server.gateway_sessions import ConsumerSession, HeldBudget, SessionTable
-from ballast.server.link import BATCH_BYTES, SendLink
+from ballast.server.link import ACK_LINK_METHOD, BATCH_BYTES, LINK_METHOD, SendLink
 from ballast.server.protocol import (
     CLIENT_CONSUMER,
     CLIENT_PRODUCER,
@@ -233,28 +233,48 @@ class BrokerLinks:
         self.batch_sends = batch_sends
         self.channels: dict[str, grpc.aio.Channel] = {}
         self._unary: dict[tuple[str, str], Any] = {}
-        self._links: dict[str, SendLink] = {}
+        self._links: dict[tuple[str, str], SendLink] = {}  # (url, link method) -> link
 
-    def link(self, url: str) -> SendLink | None:
-        """The send link to `url`, once a send has used it."""
-        return self._links.get(url)
+    def link(self, url: str, method: str = LINK_METHOD) -> SendLink | None:
+        """The link of `method` to `url`, once a call has used it."""
+        return self._links.get((url, method))
 
     async def send(
         self, url: str, message: bytes, metadata: list[tuple[str, str]], timeout: float
     ) -> bytes:
         """SendMessage on `url`: on its link, or as a unary call (a large message, a
         broker without the link); failures raise as a unary call's would."""
-        link = self._links.get(url) if self.batch_sends else None
-        if link is None and self.batch_sends:
-            link = self._links[url] = SendLink(self.channel(url), url)
-        if link is not None and link.supported and len(message) < BATCH_BYTES:
+        linked = LINK_METHOD if len(message) < BATCH_BYTES else None
+        return await self._call(url, linked, _SEND, message, metadata, timeout)
+
+    async def ack(
+        self, url: str, request: bytes, metadata: list[tuple[str, str]], timeout: float
+    ) -> bytes:
+        """Ack on `url`, on its ack link (or as a unary call, as `send`)."""
+        return await self._call(url, ACK_LINK_METHOD, _ACK, request, metadata, timeout)
+
+    async def _call(
+        self,
+        url: str,
+        linked: str | None,
+        method: str,
+        request: bytes,
+        metadata: list[tuple[str, str]],
+        timeout: float,
+    ) -> bytes:
+        link = None
+        if self.batch_sends and linked is not None:
+            link = self._links.get((url, linked))
+            if link is None:
+                link = self._links[(url, linked)] = SendLink(self.channel(url), url, linked)
+        if link is not None and link.supported:
             try:
-                return await link.send(message, bearer_token(metadata), timeout)
+                return await link.send(request, bearer_token(metadata), timeout)
             except grpc.aio.AioRpcError as exc:
                 if link.supported or exc.code() is not grpc.StatusCode.UNIMPLEMENTED:
                     raise
-                log.info("gateway: broker %s has no send link; sending unary calls", url)
-        return bytes(await self.unary(url, _SEND)(message, metadata=metadata, timeout=timeout))
+                log.info("gateway: broker %s has no %s link; sending unary calls", url, linked)
+        return bytes(await self.unary(url, method)(request, metadata=metadata, timeout=timeout))
 
     def abandon(self, url: str) -> None:
         """The broker at `url` lost its registration (dead, stalled past its TTL or cut
@@ -262,9 +282,10 @@ class BrokerLinks:
         lost connection and their sessions move to the topic's next owner, instead of
         waiting out `forward_timeout_seconds` on a host that may never answer (no RST
         comes from a host that lost power)."""
-        link = self._links.pop(url, None)
-        if link is not None:
-            link.abandon()
+        for method in (LINK_METHOD, ACK_LINK_METHOD):
+            link = self._links.pop((url, method), None)
+            if link is not None:
+                link.abandon()
 
     def unary(self, url: str, method: str) -> Any:
         """The (cached) bytes-in, bytes-out callable of `method` on `url`'s channel."""
@@ -790,7 +811,7 @@ class Gateway(Served, grpc.GenericRpcHandler):
             try:
                 while (item := await queue.get()) is not None:
                     if replaying:
-                        replaying, duplicate = self._replayed(session, item)
+                        replaying, duplicate = self._replayed(session, item, metadata)
                         if duplicate:
                             continue
                     yield item
@@ -811,24 +832,25 @@ class Gateway(Served, grpc.GenericRpcHandler):
                 await context.abort(exc.code, exc.message)
             replaying = bool(session.acked)
 
-    def _replayed(self, session: ConsumerSession, item: bytes) -> tuple[bool, bool]:
+    def _replayed(
+        self, session: ConsumerSession, item: bytes, metadata: list[tuple[str, str]]
+    ) -> tuple[bool, bool]:
         """(still replaying, drop this one): a redelivery of an acknowledged message is
         acknowledged on the new owner and not passed on."""
         msg_id = pb.StreamMessage.FromString(item).msg_id
         if not session.already_acked(msg_id.topic_offset):
             return msg_id.topic_offset < session.max_acked, False
         ack = pb.AckRequest(msg_id=msg_id, subscription_name=session.subscription)
-        task = asyncio.create_task(self._reack(session.url, ack.SerializeToString()))
+        task = asyncio.create_task(self._reack(session.url, ack.SerializeToString(), metadata))
         self._reacks.add(task)
         task.add_done_callback(self._reacks.discard)
         self._count("ReceiveMessages:acked_dropped")
         return True, True
 
-    async def _reack(self, url: str, request: bytes) -> None:
+    async def _reack(self, url: str, request: bytes, metadata: list[tuple[str, str]]) -> None:
+        # With the client's token: a secured broker checks it as for the client's own ack.
         with contextlib.suppress(grpc.aio.AioRpcError):
-            await self.links.unary(url, _ACK)(
-                request, timeout=self.settings.forward_timeout_seconds
-            )
+            await self.links.ack(url, request, metadata, self.settings.forward_timeout_seconds)
 
     async def _until_moved(self, topic: str, url: str, call: Any) -> None:
         """End the stream from `url` once another broker owns the topic."""
@@ -914,10 +936,13 @@ class Gateway(Served, grpc.GenericRpcHandler):
         try:
             if route is None:
                 raise self._gone(route, header)
+            timeout = self.settings.forward_timeout_seconds
             try:
+                if method == _ACK:
+                    return await self.links.ack(route.url, request, metadata, timeout)
                 return bytes(
                     await self.links.unary(route.url, method)(
-                        request, metadata=metadata, timeout=self.settings.forward_timeout_seconds
+                        request, metadata=metadata, timeout=timeout
                     )
                 )
             except grpc.aio.AioRpcError as exc:

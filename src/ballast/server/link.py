@@ -1,4 +1,5 @@
-"""The send link: a gateway's SendMessage calls to one broker, batched on one stream.
+"""The send link: a gateway's SendMessage (and Ack) calls to one broker, batched on one
+stream per kind.
 
 Forwarding each send as its own unary call costs the gateway a client call and the
 broker a server call per message: on a shared machine that is what made the gateway
@@ -7,23 +8,29 @@ halve throughput. Instead a gateway keeps one bidirectional stream per broker
 waiting at that moment into one frame; the broker runs each as the SendMessage it is and
 answers in frames of its own. Per send the broker does exactly what a direct SendMessage
 does (the same handler, the same checks, the caller's token checked per send), so a
-gateway is never trusted more than its clients.
+gateway is never trusted more than its clients. Acks travel the same way on a stream of
+their own (`ACK_LINK_METHOD`): a consumer acknowledges every message, and after a
+failover the gateway acknowledges again, on the new owner, each redelivery of what its
+client had acknowledged.
 
 A frame is a sequence of records ``<call id: u64><length: u32><body>``; a request body is
-``<token length: u16><token><StreamMessage>``, a reply body ``<status: u8><MessageResponse
-or the refusal's details>``. A send larger than `BATCH_BYTES` goes as a unary call (a
-frame must stay below the broker's `data_plane.max_request_bytes`), and a broker that
-does not know the link (an older version) gets unary calls.
+``<token length: u16><token><StreamMessage | AckRequest>``, a reply body ``<status: u8>
+<MessageResponse | AckResponse, or the refusal's details>``. A send larger than
+`BATCH_BYTES` goes as a unary call (a frame must stay below the broker's
+`data_plane.max_request_bytes`), and a broker that does not know a link (an older
+version) gets unary calls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import struct
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -32,11 +39,12 @@ from google.protobuf.message import DecodeError
 from ballast.server.auth import CALLER, AuthError, TokenAuthority, authorize_call
 from ballast.server.protocol import pb
 
-__all__ = ["BATCH_BYTES", "LINK_METHOD", "LinkService", "SendLink"]
+__all__ = ["ACK_LINK_METHOD", "BATCH_BYTES", "LINK_METHOD", "LinkService", "SendLink"]
 
 log = logging.getLogger(__name__)
 
 LINK_METHOD = "/ballast.GatewayLink/SendMessages"
+ACK_LINK_METHOD = "/ballast.GatewayLink/Acks"
 BATCH_BYTES = 1024 * 1024  # a frame's sends (well below the 4 MiB minimum request limit)
 MAX_IN_FLIGHT = 4096  # sends of one link a broker runs at once (then it stops reading)
 
@@ -45,6 +53,22 @@ _TOKEN = struct.Struct("<H")
 _STATUS = struct.Struct("<B")
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 _SEND = "/danube.ProducerService/SendMessage"
+_ACK = "/danube.ConsumerService/Ack"
+
+Handler = Callable[[Any, Any], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class _Linked:
+    """What one link method carries: the client RPC each record is, and its handler."""
+
+    rpc: str
+    request: Any  # the protobuf message class of a record's request
+    handler: Handler
+
+    @property
+    def name(self) -> str:
+        return self.rpc.rsplit("/", 1)[-1]
 
 
 class LinkFrameError(ValueError):
@@ -89,7 +113,7 @@ class _Refused(Exception):
 
 
 class _SendContext:
-    """What the SendMessage handler uses of a servicer context, for one linked send."""
+    """What the SendMessage and Ack handlers use of a servicer context, for one record."""
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
         raise _Refused(code, details)
@@ -99,24 +123,34 @@ class _SendContext:
 
 
 class LinkService(grpc.GenericRpcHandler):
-    """The broker's end: runs each linked send through the SendMessage handler."""
+    """The broker's end: runs each linked send (ack) through the SendMessage (Ack) handler."""
 
     def __init__(
         self,
-        send: Callable[[Any, Any], Awaitable[Any]],
         authority: TokenAuthority | None,
         refused: Callable[[str, str], None],
+        *,
+        send: Handler,
+        ack: Handler | None = None,
     ) -> None:
-        self.send = send
         self.authority = authority
         self.refused = refused
-        self._handler = grpc.stream_stream_rpc_method_handler(self._serve)
+        linked = {LINK_METHOD: _Linked(_SEND, pb.StreamMessage, send)}
+        if ack is not None:
+            linked[ACK_LINK_METHOD] = _Linked(_ACK, pb.AckRequest, ack)
+        self._handlers = {
+            method: grpc.stream_stream_rpc_method_handler(functools.partial(self._serve, kind))
+            for method, kind in linked.items()
+        }
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
-        return self._handler if handler_call_details.method == LINK_METHOD else None
+        return self._handlers.get(handler_call_details.method)
 
     async def _serve(
-        self, frames: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+        self,
+        linked: _Linked,
+        frames: AsyncIterator[bytes],
+        context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[bytes]:
         replies: list[bytes] = []
         ready = asyncio.Event()
@@ -126,7 +160,7 @@ class LinkService(grpc.GenericRpcHandler):
 
         async def one(call_id: int, body: memoryview) -> None:
             try:
-                reply = await self._one(body)
+                reply = await self._one(linked, body)
             finally:
                 slots.release()
             replies.append(encode_record(call_id, reply))
@@ -141,8 +175,9 @@ class LinkService(grpc.GenericRpcHandler):
                         running.add(task)
                         task.add_done_callback(running.discard)
             except LinkFrameError as exc:
-                self.refused(LINK_METHOD, "malformed_request")
-                failure.append(f"{LINK_METHOD}: malformed frame ({exc})")
+                method = LINK_METHOD if linked.rpc == _SEND else ACK_LINK_METHOD
+                self.refused(method, "malformed_request")
+                failure.append(f"{method}: malformed frame ({exc})")
             finally:
                 if running:
                     await asyncio.wait(set(running))
@@ -168,47 +203,49 @@ class LinkService(grpc.GenericRpcHandler):
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
 
-    async def _one(self, body: memoryview) -> bytes:
+    async def _one(self, linked: _Linked, body: memoryview) -> bytes:
         try:
             if len(body) < _TOKEN.size:
-                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "linked send: cut short")
+                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"linked {linked.name}: cut short")
             (token_length,) = _TOKEN.unpack_from(body)
             start = _TOKEN.size + token_length
             try:
-                request = pb.StreamMessage.FromString(bytes(body[start:]))
+                request = linked.request.FromString(bytes(body[start:]))
             except DecodeError as exc:
-                self.refused(_SEND, "malformed_request")
+                self.refused(linked.rpc, "malformed_request")
                 raise _Refused(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"SendMessage: malformed request ({exc})"
+                    grpc.StatusCode.INVALID_ARGUMENT, f"{linked.name}: malformed request ({exc})"
                 ) from None
             if self.authority is not None:
                 token = bytes(body[_TOKEN.size : start]).decode(errors="replace")
-                self._authorize(token, request)
-            response = await self.send(request, _SendContext())
+                self._authorize(linked.rpc, token, request)
+            response = await linked.handler(request, _SendContext())
             return reply_body(grpc.StatusCode.OK, response.SerializeToString())
         except _Refused as exc:
             return reply_body(exc.code, exc.details.encode())
         except Exception as exc:  # a bug: answered, so the gateway does not wait it out
-            log.exception("linked send failed")
-            return reply_body(grpc.StatusCode.INTERNAL, f"SendMessage failed: {exc}".encode())
+            log.exception("linked %s failed", linked.name)
+            return reply_body(grpc.StatusCode.INTERNAL, f"{linked.name} failed: {exc}".encode())
 
-    def _authorize(self, token: str, request: Any) -> None:
-        """What the token interceptor does for a SendMessage call, for one linked send."""
+    def _authorize(self, rpc: str, token: str, request: Any) -> None:
+        """What the token interceptor does for the call `rpc`, for one linked record."""
         assert self.authority is not None
         metadata = [("authorization", f"Bearer {token}")] if token else []
         try:
-            CALLER.set(authorize_call(self.authority, _SEND, request, metadata))
+            CALLER.set(authorize_call(self.authority, rpc, request, metadata))
         except AuthError as exc:
-            self.refused(_SEND, exc.code.name)
+            self.refused(rpc, exc.code.name)
             raise _Refused(exc.code, exc.message) from None
 
 
 class SendLink:
-    """The gateway's end for one broker: sends batched on one stream, replies matched."""
+    """The gateway's end for one broker and one link method (sends, or acks): records
+    batched on one stream, replies matched."""
 
-    def __init__(self, channel: grpc.aio.Channel, url: str) -> None:
+    def __init__(self, channel: grpc.aio.Channel, url: str, method: str = LINK_METHOD) -> None:
         self.channel = channel
         self.url = url
+        self.method = method
         self.supported = True  # False once the broker answered UNIMPLEMENTED
         self.sends = 0  # sends written, in `frames` frames (what batching saves)
         self.frames = 0
@@ -219,7 +256,8 @@ class SendLink:
         self._run: asyncio.Task[None] | None = None
 
     async def send(self, message: bytes, token: str | None, timeout: float) -> bytes:
-        """The broker's MessageResponse bytes; `grpc.aio.AioRpcError` as a unary call would
+        """The broker's reply bytes (MessageResponse, AckResponse); `grpc.aio.AioRpcError`
+        as a unary call would
         raise it (UNAVAILABLE mentioning the connection when the link is lost;
         UNIMPLEMENTED when the broker has no link)."""
         self._next_id += 1
@@ -239,7 +277,7 @@ class SendLink:
             self._pending.pop(call_id, None)
 
     async def _stream(self) -> None:
-        call = self.channel.stream_stream(LINK_METHOD)()
+        call = self.channel.stream_stream(self.method)()
         writer = asyncio.create_task(self._write(call))
         error = _rpc_error(grpc.StatusCode.UNAVAILABLE, f"link to {self.url}: connection ended")
         try:
@@ -300,8 +338,8 @@ class SendLink:
             self._run.cancel()
 
     async def close(self) -> None:
+        self.abandon()
         if self._run is not None:
-            self._run.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._run
 

@@ -105,8 +105,10 @@ class DataPlaneServer(Served):
         pb_grpc.add_HealthCheckServicer_to_server(service, server)
         registry = SchemaRegistryService(service.schemas.schemas, service.schemas, counters.reject)
         spb_grpc.add_SchemaRegistryServicer_to_server(registry, server)
-        # Gateways' sends, batched (each one still the SendMessage above, token checked).
-        server.add_generic_rpc_handlers((LinkService(service.SendMessage, authority, refused),))
+        # Gateways' sends and acks, batched (each still the SendMessage/Ack above, token
+        # checked).
+        link = LinkService(authority, refused, send=service.SendMessage, ack=service.Ack)
+        server.add_generic_rpc_handlers((link,))
         await server.start()
         self._server = server
         await self.host.start()
