@@ -19,7 +19,7 @@ from ballast.metadata import MemoryStore, keys
 from ballast.metadata.records import claim_ops, release_ops
 from ballast.model import TopicName
 from ballast.server.gateway import BROKER_HEADER, Gateway, OwnerTable
-from ballast.server.link import LINK_METHOD, LinkService
+from ballast.server.link import LINK_METHOD, LinkService, SendLink
 from ballast.server.protocol import CLIENT_CONSUMER, HEALTH_CLOSE, pb, pb_grpc
 
 pytestmark = pytest.mark.timeout(30)
@@ -243,3 +243,20 @@ async def test_sends_on_a_silent_owner_move_on_when_its_registration_goes() -> N
             assert answer.request_id == 2
             assert [m.payload for m in heir.stored] == [b"kept"]
             assert heir.stored[0].msg_id.producer_id == 202
+
+
+async def test_a_link_abandoned_before_its_stream_ran_fails_its_sends_at_once() -> None:
+    """The gateway may end a link (its broker's registration went) in the same turn of
+    the loop that opened it: the send must fail UNAVAILABLE then, not wait 30 s."""
+    async with (
+        FakeBroker(7, answers=False) as silent,
+        grpc.aio.insecure_channel(silent.url) as channel,
+    ):
+        link = SendLink(channel, silent.url)
+        sending = asyncio.ensure_future(link.send(b"m", None, 30.0))
+        await asyncio.sleep(0)  # the send is written down; the stream task not yet run
+        link.abandon()
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await asyncio.wait_for(sending, 2)
+        assert failed.value.code() is grpc.StatusCode.UNAVAILABLE
+        await link.close()

@@ -307,12 +307,15 @@ class SendLink:
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
                 await writer
-            # What was sent may or may not have been stored: its caller decides (as for
-            # a unary call whose connection broke).
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(error)
-            self._outbox.clear()
+            self._fail_pending(error)
+
+    def _fail_pending(self, error: grpc.aio.AioRpcError) -> None:
+        # What was sent may or may not have been stored: its caller decides (as for a
+        # unary call whose connection broke).
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._outbox.clear()
 
     async def _write(self, call: Any) -> None:
         while True:
@@ -333,9 +336,14 @@ class SendLink:
 
     def abandon(self) -> None:
         """End the stream now: sends waiting for an answer fail with UNAVAILABLE (as on a
-        lost connection); whether the broker stored them is unknown, as then."""
+        lost connection); whether the broker stored them is unknown, as then. They fail
+        here, not only when the stream task ends: a task cancelled before it ever ran
+        never gets to its cleanup."""
         if self._run is not None:
             self._run.cancel()
+        self._fail_pending(
+            _rpc_error(grpc.StatusCode.UNAVAILABLE, f"link to {self.url}: connection ended")
+        )
 
     async def close(self) -> None:
         self.abandon()
