@@ -185,6 +185,12 @@ class FakeBroker(grpc.GenericRpcHandler):
         )
         return bytes(answer.SerializeToString())
 
+    async def _send(self, request: bytes, context: Any) -> bytes:
+        if not self._answers:
+            await asyncio.Event().wait()  # taken, never answered
+        reply = await self._store(pb.StreamMessage.FromString(request), context)
+        return bytes(reply.SerializeToString())
+
     async def _silent(self, frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
         async for _ in frames:
             pass  # taken, never answered
@@ -193,6 +199,8 @@ class FakeBroker(grpc.GenericRpcHandler):
     def service(self, details: grpc.HandlerCallDetails) -> Any:
         if details.method == "/danube.ProducerService/CreateProducer":
             return grpc.unary_unary_rpc_method_handler(self._create)
+        if details.method == "/danube.ProducerService/SendMessage":
+            return grpc.unary_unary_rpc_method_handler(self._send)
         if details.method == LINK_METHOD and not self._answers:
             return grpc.stream_stream_rpc_method_handler(self._silent)
         return self._link.service(details)
@@ -207,12 +215,16 @@ class FakeBroker(grpc.GenericRpcHandler):
         await self._server.stop(0)
 
 
-async def test_sends_on_a_silent_owner_move_on_when_its_registration_goes() -> None:
+@pytest.mark.parametrize("batch_sends", [True, False], ids=["linked", "unary"])
+async def test_sends_on_a_silent_owner_move_on_when_its_registration_goes(
+    batch_sends: bool,
+) -> None:
     """A send taken by an owner that then never answers waits only until the owner's
     registration is gone (not `forward_timeout_seconds`, 30 s): it is carried to the
-    topic's next owner, under that owner's producer id."""
+    topic's next owner, under that owner's producer id — on the send link and as a
+    unary call alike."""
     store = MemoryStore()
-    config = parse_config({"gateway": {"lookup_wait_seconds": 10.0}})
+    config = parse_config({"gateway": {"lookup_wait_seconds": 10.0, "batch_sends": batch_sends}})
     async with FakeBroker(101, answers=False) as hung, FakeBroker(202, answers=True) as heir:
         await store.put(keys.register("hung"), {"broker_url": hung.url})
         await store.txn([], claim_ops("hung", str(TOPIC), {"assigned_at": 0, "epoch": 1}))

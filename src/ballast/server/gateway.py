@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +54,7 @@ from ballast.model import InvalidTopicName, ModelError, TopicName
 from ballast.server.auth import bearer_token
 from ballast.server.directory import Directory
 from ballast.server.gateway_sessions import ConsumerSession, HeldBudget, SessionTable
-from ballast.server.link import ACK_LINK_METHOD, BATCH_BYTES, LINK_METHOD, SendLink
+from ballast.server.link import ACK_LINK_METHOD, BATCH_BYTES, LINK_METHOD, SendLink, rpc_error
 from ballast.server.protocol import (
     CLIENT_CONSUMER,
     CLIENT_PRODUCER,
@@ -234,6 +234,8 @@ class BrokerLinks:
         self.channels: dict[str, grpc.aio.Channel] = {}
         self._unary: dict[tuple[str, str], Any] = {}
         self._links: dict[tuple[str, str], SendLink] = {}  # (url, link method) -> link
+        self._running: dict[str, set[Any]] = {}  # unary calls in flight, per broker
+        self._cut: set[Any] = set()  # those `abandon` cancelled
 
     def link(self, url: str, method: str = LINK_METHOD) -> SendLink | None:
         """The link of `method` to `url`, once a call has used it."""
@@ -278,20 +280,46 @@ class BrokerLinks:
 
     def abandon(self, url: str) -> None:
         """The broker at `url` lost its registration (dead, stalled past its TTL or cut
-        off from the store): end its send link, so that sends waiting on it fail as on a
-        lost connection and their sessions move to the topic's next owner, instead of
+        off from the store): end its links and unary calls, so that calls waiting on it
+        fail as on a lost connection and their sessions move to the topic's next owner, instead of
         waiting out `forward_timeout_seconds` on a host that may never answer (no RST
         comes from a host that lost power)."""
         for method in (LINK_METHOD, ACK_LINK_METHOD):
             link = self._links.pop((url, method), None)
             if link is not None:
                 link.abandon()
+        for rpc in self._running.pop(url, set()):
+            self._cut.add(rpc)
+            rpc.cancel()
 
     def unary(self, url: str, method: str) -> Any:
-        """The (cached) bytes-in, bytes-out callable of `method` on `url`'s channel."""
+        """The (cached) bytes-in, bytes-out callable of `method` on `url`'s channel; its
+        calls end with UNAVAILABLE when `abandon(url)` comes first."""
         call = self._unary.get((url, method))
         if call is None:
-            call = self._unary[(url, method)] = self.channel(url).unary_unary(method)
+            call = self._unary[(url, method)] = self._tracked(
+                url, self.channel(url).unary_unary(method)
+            )
+        return call
+
+    def _tracked(self, url: str, multi: Any) -> Callable[..., Awaitable[bytes]]:
+        async def call(request: bytes, **kwargs: Any) -> bytes:
+            rpc = multi(request, **kwargs)
+            running = self._running.setdefault(url, set())
+            running.add(rpc)
+            try:
+                return bytes(await rpc)
+            except asyncio.CancelledError:
+                if rpc not in self._cut:
+                    raise  # our caller was cancelled
+                raise rpc_error(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"broker {url}: connection ended (its registration is gone)",
+                ) from None
+            finally:
+                running.discard(rpc)
+                self._cut.discard(rpc)
+
         return call
 
     def channel(self, url: str) -> grpc.aio.Channel:

@@ -39,7 +39,7 @@ from google.protobuf.message import DecodeError
 from ballast.server.auth import CALLER, AuthError, TokenAuthority, authorize_call
 from ballast.server.protocol import pb
 
-__all__ = ["ACK_LINK_METHOD", "BATCH_BYTES", "LINK_METHOD", "LinkService", "SendLink"]
+__all__ = ["ACK_LINK_METHOD", "BATCH_BYTES", "LINK_METHOD", "LinkService", "SendLink", "rpc_error"]
 
 log = logging.getLogger(__name__)
 
@@ -272,14 +272,14 @@ class SendLink:
         try:
             return await asyncio.wait_for(future, timeout)
         except TimeoutError:
-            raise _rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+            raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
         finally:
             self._pending.pop(call_id, None)
 
     async def _stream(self) -> None:
         call = self.channel.stream_stream(self.method)()
         writer = asyncio.create_task(self._write(call))
-        error = _rpc_error(grpc.StatusCode.UNAVAILABLE, f"link to {self.url}: connection ended")
+        error = rpc_error(grpc.StatusCode.UNAVAILABLE, f"link to {self.url}: connection ended")
         try:
             async for frame in call:
                 for call_id, body in decode_records(frame):
@@ -291,7 +291,7 @@ class SendLink:
                         future.set_result(bytes(body[1:]))
                     else:
                         future.set_exception(
-                            _rpc_error(code, bytes(body[1:]).decode(errors="replace"))
+                            rpc_error(code, bytes(body[1:]).decode(errors="replace"))
                         )
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
@@ -299,7 +299,7 @@ class SendLink:
                 error = exc
             else:
                 details = exc.details() or exc.code().name
-                error = _rpc_error(exc.code(), f"link to {self.url}: connection lost: {details}")
+                error = rpc_error(exc.code(), f"link to {self.url}: connection lost: {details}")
         except (LinkFrameError, IndexError) as exc:
             log.error("gateway: link to %s: malformed reply frame (%s); reopening", self.url, exc)
         finally:
@@ -342,7 +342,7 @@ class SendLink:
         if self._run is not None:
             self._run.cancel()
         self._fail_pending(
-            _rpc_error(grpc.StatusCode.UNAVAILABLE, f"link to {self.url}: connection ended")
+            rpc_error(grpc.StatusCode.UNAVAILABLE, f"link to {self.url}: connection ended")
         )
 
     async def close(self) -> None:
@@ -352,5 +352,6 @@ class SendLink:
                 await self._run
 
 
-def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    """The error a failed call raises, made here (a link's answer, or its end)."""
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
