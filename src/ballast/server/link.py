@@ -62,6 +62,7 @@ Handler = Callable[[Any, Any], Awaitable[Any]]
 class _Linked:
     """What one link method carries: the client RPC each record is, and its handler."""
 
+    method: str  # the link's own method name
     rpc: str
     request: Any  # the protobuf message class of a record's request
     handler: Handler
@@ -135,12 +136,12 @@ class LinkService(grpc.GenericRpcHandler):
     ) -> None:
         self.authority = authority
         self.refused = refused
-        linked = {LINK_METHOD: _Linked(_SEND, pb.StreamMessage, send)}
+        kinds = [_Linked(LINK_METHOD, _SEND, pb.StreamMessage, send)]
         if ack is not None:
-            linked[ACK_LINK_METHOD] = _Linked(_ACK, pb.AckRequest, ack)
+            kinds.append(_Linked(ACK_LINK_METHOD, _ACK, pb.AckRequest, ack))
         self._handlers = {
-            method: grpc.stream_stream_rpc_method_handler(functools.partial(self._serve, kind))
-            for method, kind in linked.items()
+            kind.method: grpc.stream_stream_rpc_method_handler(functools.partial(self._serve, kind))
+            for kind in kinds
         }
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
@@ -175,9 +176,8 @@ class LinkService(grpc.GenericRpcHandler):
                         running.add(task)
                         task.add_done_callback(running.discard)
             except LinkFrameError as exc:
-                method = LINK_METHOD if linked.rpc == _SEND else ACK_LINK_METHOD
-                self.refused(method, "malformed_request")
-                failure.append(f"{method}: malformed frame ({exc})")
+                self.refused(linked.method, "malformed_request")
+                failure.append(f"{linked.method}: malformed frame ({exc})")
             finally:
                 if running:
                     await asyncio.wait(set(running))
