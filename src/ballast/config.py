@@ -403,6 +403,8 @@ class GatewaySettings(_Strict):
     # Sends to a broker go batched on one stream (off: one unary call per send, as a
     # plain proxy would; costs the gateway and the broker more CPU per message).
     batch_sends: bool = True
+    # Prometheus series (ballast_gateway_*) on this port of the listen host; 0: none.
+    metrics_port: int = Field(0, ge=0, le=65535)
 
 
 class BallastConfig(_Strict):

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import socket
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -272,3 +273,56 @@ async def test_a_link_abandoned_before_its_stream_ran_fails_its_sends_at_once() 
             await asyncio.wait_for(sending, 2)
         assert failed.value.code() is grpc.StatusCode.UNAVAILABLE
         await link.close()
+
+
+async def test_the_gateway_exports_its_figures_to_prometheus() -> None:
+    """`gateway.metrics_port`: sessions, held sends, events and each link's records and
+    frames, read at the scrape."""
+    store = MemoryStore()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = parse_config({"gateway": {"metrics_port": port}})
+    async with FakeBroker(5, answers=True) as broker:
+        await store.put(keys.register("b1"), {"broker_url": broker.url})
+        await store.txn([], claim_ops("b1", str(TOPIC), {"assigned_at": 0, "epoch": 1}))
+        await store.put(keys.topic_meta(TOPIC), {"dispatch_strategy": "reliable"})
+        async with (
+            Gateway(store, config, "127.0.0.1:0") as gateway,
+            grpc.aio.insecure_channel(gateway.advertise) as channel,
+        ):
+            assert gateway.metrics_url == f"127.0.0.1:{port}"
+            await pb_grpc.DiscoveryStub(channel).TopicLookup(
+                pb.TopicLookupRequest(request_id=1, topic=str(TOPIC))
+            )
+            producers = pb_grpc.ProducerServiceStub(channel)
+            created = await producers.CreateProducer(
+                pb.ProducerRequest(request_id=1, producer_name="p", topic_name=str(TOPIC))
+            )
+            for n in range(3):
+                msg_id = pb.MsgID(producer_id=created.producer_id, topic_name=str(TOPIC))
+                await producers.SendMessage(pb.StreamMessage(request_id=n, msg_id=msg_id))
+            text = await asyncio.to_thread(
+                lambda: (
+                    urllib.request.urlopen(f"http://{gateway.metrics_url}/metrics", timeout=5)
+                    .read()
+                    .decode()
+                )
+            )
+        samples = {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("ballast_gateway_")
+        }
+        assert samples['ballast_gateway_events_total{event="lookup"}'] == 1
+        assert samples['ballast_gateway_sessions{kind="producer"}'] == 1
+        assert samples['ballast_gateway_sessions{kind="consumer"}'] == 0
+        assert samples["ballast_gateway_held_sends"] == 0
+        link = f'broker_url="{broker.url}",link="SendMessages"'
+        assert samples[f"ballast_gateway_link_records_total{{{link}}}"] == 3
+        assert 1 <= samples[f"ballast_gateway_link_frames_total{{{link}}}"] <= 3
+    # Stopped with the gateway: nothing listens there any more (the scrape's connection
+    # may linger in TIME_WAIT, which SO_REUSEADDR allows; a listener it would not).
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))

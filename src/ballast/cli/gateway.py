@@ -66,6 +66,13 @@ def register(app: typer.Typer) -> None:
         config: Annotated[
             Path | None, typer.Option("--config", help="YAML with tls, auth, gateway sections.")
         ] = None,
+        metrics_port: Annotated[
+            int | None,
+            typer.Option(
+                "--metrics-port",
+                help="Prometheus port for ballast_gateway_* series, on the listen host (0: none).",
+            ),
+        ] = None,
         log_level: Annotated[str, typer.Option("--log-level")] = "INFO",
     ) -> None:
         """Run a gateway: clients use it as service_url and survive a broker's death."""
@@ -76,11 +83,13 @@ def register(app: typer.Typer) -> None:
             cfg = load_config(config)
         except ConfigError as exc:
             raise _fail(str(exc), 2) from None
-        update = {}
+        update: dict[str, object] = {}
         if listen is not None:
             update["listen"] = listen
         if advertise is not None:
             update["advertise"] = advertise
+        if metrics_port is not None:
+            update["metrics_port"] = metrics_port
         if update:
             cfg = cfg.model_copy(update={"gateway": cfg.gateway.model_copy(update=update)})
         try:

@@ -41,6 +41,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 import grpc
 from danube.proto import SchemaRegistry_pb2 as spb
@@ -53,6 +54,7 @@ from ballast.metadata.records import RecordKind, Registration, classify, parse_o
 from ballast.model import InvalidTopicName, ModelError, TopicName
 from ballast.server.auth import bearer_token
 from ballast.server.directory import Directory
+from ballast.server.gateway_metrics import serve_metrics
 from ballast.server.gateway_sessions import ConsumerSession, HeldBudget, SessionTable
 from ballast.server.link import ACK_LINK_METHOD, BATCH_BYTES, LINK_METHOD, SendLink, rpc_error
 from ballast.server.protocol import (
@@ -241,6 +243,10 @@ class BrokerLinks:
         """The link of `method` to `url`, once a call has used it."""
         return self._links.get((url, method))
 
+    def links(self) -> dict[tuple[str, str], SendLink]:
+        """Every open link, by (broker url, link method) (a copy)."""
+        return dict(self._links)
+
     async def send(
         self, url: str, message: bytes, metadata: list[tuple[str, str]], timeout: float
     ) -> bytes:
@@ -409,6 +415,8 @@ class Gateway(Served, grpc.GenericRpcHandler):
         self._reacks: set[asyncio.Task[None]] = set()
         self._held: dict[int, set[asyncio.Event]] = {}
         self._server: grpc.aio.Server | None = None
+        self._metrics: WSGIServer | None = None
+        self.metrics_url = ""  # host:port of the Prometheus endpoint, when served
         self._watch: asyncio.Task[None] | None = None
         self.counts: dict[str, int] = {}
         self._handlers = {
@@ -485,9 +493,24 @@ class Gateway(Served, grpc.GenericRpcHandler):
         await server.start()
         self._server = server
         log.info("gateway: serving on %s (advertised as %s)", self.url, self.advertise)
+        if self.settings.metrics_port:
+            try:
+                self._metrics = serve_metrics(self, self.bind_host, self.settings.metrics_port)
+            except OSError as exc:
+                await self.stop(0)
+                raise OSError(
+                    f"gateway metrics {self.bind_host}:{self.settings.metrics_port}: "
+                    f"cannot listen there ({exc}); choose another gateway.metrics_port"
+                ) from None
+            self.metrics_url = f"{self.bind_host}:{self._metrics.server_port}"
+            log.info("gateway: Prometheus series on http://%s/metrics", self.metrics_url)
         return self.advertise
 
     async def stop(self, grace: float = 1.0) -> None:
+        metrics, self._metrics = self._metrics, None
+        if metrics is not None:
+            await asyncio.to_thread(metrics.shutdown)
+            metrics.server_close()
         server, self._server = self._server, None
         for events in self._held.values():
             for event in events:

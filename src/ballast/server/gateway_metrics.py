@@ -1,0 +1,83 @@
+"""The gateway's Prometheus series, read from its live state at each scrape.
+
+A gateway keeps its figures where its work keeps them (event counts, sessions, the held
+budget, each link's records and frames); this collector turns them into series when
+Prometheus asks, so the hot path pays nothing for them. The scrape runs on
+prometheus_client's HTTP thread: it copies what it reads (a dict copy is atomic under
+the GIL) and never changes anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from ballast.server.gateway import Gateway
+
+__all__ = ["GatewayCollector", "serve_metrics"]
+
+
+class GatewayCollector(Collector):
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    def collect(self) -> Iterator[Metric]:
+        gateway = self.gateway
+        events = CounterMetricFamily(
+            "ballast_gateway_events",
+            "What the gateway did or refused, by event (e.g. SendMessage:held, "
+            "CreateProducer:carried, ReceiveMessages:acked_dropped, lookup, refused_*)",
+            labels=["event"],
+        )
+        for event, count in sorted(dict(gateway.counts).items()):
+            events.add_metric([event], count)
+        yield events
+        sessions = GaugeMetricFamily(
+            "ballast_gateway_sessions",
+            "Producer and consumer sessions the gateway carries across moves",
+            labels=["kind"],
+        )
+        sessions.add_metric(["producer"], len(gateway.sessions.producers))
+        sessions.add_metric(["consumer"], len(gateway.sessions.consumers))
+        yield sessions
+        yield GaugeMetricFamily(
+            "ballast_gateway_held_sends",
+            "Sends held while their topic moves or its owner is replaced",
+            value=gateway.held.count,
+        )
+        yield GaugeMetricFamily(
+            "ballast_gateway_held_bytes",
+            "Payload bytes of the held sends",
+            value=gateway.held.bytes,
+        )
+        records = CounterMetricFamily(
+            "ballast_gateway_link_records",
+            "Sends and acks written on a broker's links (since the link opened)",
+            labels=["broker_url", "link"],
+        )
+        frames = CounterMetricFamily(
+            "ballast_gateway_link_frames",
+            "Frames they went in (records / frames: what batching saves)",
+            labels=["broker_url", "link"],
+        )
+        for (url, method), link in sorted(dict(gateway.links.links()).items()):
+            kind = method.rsplit("/", 1)[-1]
+            records.add_metric([url, kind], link.sends)
+            frames.add_metric([url, kind], link.frames)
+        yield records
+        yield frames
+
+
+def serve_metrics(gateway: Gateway, host: str, port: int) -> WSGIServer:
+    """Expose the gateway's series on `host:port` (prometheus_client's HTTP thread);
+    `shutdown()` and `server_close()` on the server stop it."""
+    registry = CollectorRegistry()
+    registry.register(GatewayCollector(gateway))
+    server, _ = start_http_server(port, addr=host, registry=registry)
+    return server
