@@ -29,6 +29,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -256,10 +257,10 @@ async def overhead(
         await procs.close()
 
 
+@dataclass(frozen=True)
 class _Relay:
-    def __init__(self, proc: asyncio.subprocess.Process, address: str) -> None:
-        self.proc = proc
-        self.address = address
+    proc: asyncio.subprocess.Process
+    address: str
 
 
 async def _start_relay(broker: str, mode: str) -> _Relay:

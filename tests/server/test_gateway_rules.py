@@ -22,6 +22,7 @@ from ballast.model import TopicName
 from ballast.server.gateway import BROKER_HEADER, Gateway, OwnerTable
 from ballast.server.link import LINK_METHOD, LinkService, SendLink
 from ballast.server.protocol import CLIENT_CONSUMER, HEALTH_CLOSE, pb, pb_grpc
+from tests.etcd_fixtures import free_port
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -29,18 +30,21 @@ TOPIC = TopicName.parse("/default/t")
 
 
 def dead_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"  # nobody listens there afterwards
+    return f"127.0.0.1:{free_port()}"  # nobody listens there afterwards
+
+
+async def place(store: MemoryStore, broker: str, url: str) -> None:
+    """`broker` registered at `url` and owning the reliable topic `TOPIC`."""
+    await store.put(keys.register(broker), {"broker_url": url})
+    await store.txn([], claim_ops(broker, str(TOPIC), {"assigned_at": 0, "epoch": 1}))
+    await store.put(keys.topic_meta(TOPIC), {"dispatch_strategy": "reliable"})
 
 
 @pytest.fixture
 async def gone() -> AsyncIterator[tuple[Gateway, str, MemoryStore]]:
     store = MemoryStore()
     url = dead_url()
-    await store.put(keys.register("dead"), {"broker_url": url})
-    await store.txn([], claim_ops("dead", str(TOPIC), {"assigned_at": 0, "epoch": 1}))
-    await store.put(keys.topic_meta(TOPIC), {"dispatch_strategy": "reliable"})
+    await place(store, "dead", url)
     config = parse_config({"gateway": {"lookup_wait_seconds": 2.0, "close_hold_seconds": 10}})
     async with Gateway(store, config, "127.0.0.1:0") as gateway:
         yield gateway, url, store
@@ -227,9 +231,7 @@ async def test_sends_on_a_silent_owner_move_on_when_its_registration_goes(
     store = MemoryStore()
     config = parse_config({"gateway": {"lookup_wait_seconds": 10.0, "batch_sends": batch_sends}})
     async with FakeBroker(101, answers=False) as hung, FakeBroker(202, answers=True) as heir:
-        await store.put(keys.register("hung"), {"broker_url": hung.url})
-        await store.txn([], claim_ops("hung", str(TOPIC), {"assigned_at": 0, "epoch": 1}))
-        await store.put(keys.topic_meta(TOPIC), {"dispatch_strategy": "reliable"})
+        await place(store, "hung", hung.url)
         async with (
             Gateway(store, config, "127.0.0.1:0") as gateway,
             grpc.aio.insecure_channel(gateway.advertise) as channel,
@@ -279,14 +281,10 @@ async def test_the_gateway_exports_its_figures_to_prometheus() -> None:
     """`gateway.metrics_port`: sessions, held sends, events and each link's records and
     frames, read at the scrape."""
     store = MemoryStore()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     config = parse_config({"gateway": {"metrics_port": port}})
     async with FakeBroker(5, answers=True) as broker:
-        await store.put(keys.register("b1"), {"broker_url": broker.url})
-        await store.txn([], claim_ops("b1", str(TOPIC), {"assigned_at": 0, "epoch": 1}))
-        await store.put(keys.topic_meta(TOPIC), {"dispatch_strategy": "reliable"})
+        await place(store, "b1", broker.url)
         async with (
             Gateway(store, config, "127.0.0.1:0") as gateway,
             grpc.aio.insecure_channel(gateway.advertise) as channel,

@@ -237,7 +237,6 @@ class BrokerLinks:
         self._unary: dict[tuple[str, str], Any] = {}
         self._links: dict[tuple[str, str], SendLink] = {}  # (url, link method) -> link
         self._running: dict[str, set[Any]] = {}  # unary calls in flight, per broker
-        self._cut: set[Any] = set()  # those `abandon` cancelled
 
     def link(self, url: str, method: str = LINK_METHOD) -> SendLink | None:
         """The link of `method` to `url`, once a call has used it."""
@@ -295,7 +294,6 @@ class BrokerLinks:
             if link is not None:
                 link.abandon()
         for rpc in self._running.pop(url, set()):
-            self._cut.add(rpc)
             rpc.cancel()
 
     def unary(self, url: str, method: str) -> Any:
@@ -316,15 +314,15 @@ class BrokerLinks:
             try:
                 return bytes(await rpc)
             except asyncio.CancelledError:
-                if rpc not in self._cut:
-                    raise  # our caller was cancelled
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # our caller was cancelled, not the call by `abandon`
                 raise rpc_error(
                     grpc.StatusCode.UNAVAILABLE,
                     f"broker {url}: connection ended (its registration is gone)",
                 ) from None
             finally:
                 running.discard(rpc)
-                self._cut.discard(rpc)
 
         return call
 
