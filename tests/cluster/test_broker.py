@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ from ballast.clock import FakeClock, SystemClock
 from ballast.cluster import AdminClient, BrokerNode, ClusterMetrics, LocalCluster, SyntheticHost
 from ballast.cluster.resources import FixedSampler, ResourceUsage
 from ballast.load_history import HISTORY_GLOB
-from ballast.metadata import MetadataStore, keys
+from ballast.metadata import Delete, KeyValue, MetadataStore, Put, keys
 from ballast.metadata.memory import MemoryStore
 from ballast.metadata.records import assignment_value
 from ballast.model import (
@@ -23,6 +25,7 @@ from ballast.model import (
     MarkerReason,
     UnassignedMarker,
 )
+from ballast.storage import SealedState
 from tests.cluster.helpers import fast_config, host_mismatch, hosts_match, wait_settled, wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -256,3 +259,75 @@ async def test_leader_appends_every_load_report_to_the_history(tmp_path: Path) -
         assert all(r["state"] == "active" for r in reports)
         assert all(LoadReport.from_dict(r).broker_id in ("b1", "b2") for r in reports)
         assert any(r["topic_count"] > 0 for r in reports)
+
+
+class _SlowSeal(SyntheticHost):
+    """A host whose seal waits until the test lets it finish."""
+
+    def __init__(self, broker_id: str, clock: FakeClock) -> None:
+        super().__init__(broker_id, clock)
+        self.sealing = asyncio.Event()
+        self.finish = asyncio.Event()
+
+    async def unload(self, topic: str) -> SealedState | None:
+        self.sealing.set()
+        await self.finish.wait()
+        return await super().unload(topic)
+
+
+class _CountingStore(MemoryStore):
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.reads: list[str] = []
+
+    async def get(self, key: str) -> KeyValue | None:
+        self.reads.append(key)
+        return await super().get(key)
+
+    async def peek(self, key: str) -> KeyValue | None:
+        """The test's own read (not counted)."""
+        return await super().get(key)
+
+
+@pytest.mark.parametrize("changed_while_sealing", [False, True])
+async def test_the_marker_is_read_while_the_topic_seals(changed_while_sealing: bool) -> None:
+    """A move's marker is read during the seal, so making it ready after the seal costs
+    one round trip; a marker that changed meanwhile is read again, its change kept."""
+    clock = FakeClock()
+    async with _CountingStore(clock) as store:
+        host = _SlowSeal("b1", clock)
+        config = fast_config(ttl=10.0, report_interval=5.0)
+        async with BrokerNode(store, clock, host, config, "b1"):
+            key, marker_key = keys.broker_assignment("b1", "/ns/t"), keys.unassigned("/ns/t")
+            await store.put(key, Assignment(clock.now()).to_dict())
+            await wait_until(_async_of(lambda: "/ns/t" in host.topics), 5, "the topic loads")
+            move = UnassignedMarker(MarkerReason.REBALANCE, "b1", "b2", clock.now(), ready=False)
+            await store.txn([], [Delete(key), Put(marker_key, move.to_dict())])
+            await asyncio.wait_for(host.sealing.wait(), 5)
+            await wait_until(_async_of(lambda: marker_key in store.reads), 5, "the marker read")
+            if changed_while_sealing:  # e.g. the leader re-targets the move
+                await store.put(marker_key, replace(move, to_broker="b3").to_dict())
+            read_before = store.reads.count(marker_key)
+            host.finish.set()
+
+            async def ready() -> bool:
+                kv = await store.peek(marker_key)
+                return kv is not None and UnassignedMarker.from_dict(kv.value).ready
+
+            await wait_until(ready, 5, "the marker made ready")
+            kv = await store.peek(marker_key)
+            assert kv is not None
+            assert UnassignedMarker.from_dict(kv.value).to_broker == (
+                "b3" if changed_while_sealing else "b2"
+            )
+            # None after the seal when the marker read during it was current; one when
+            # it had changed (the swap failed and the marker was read again).
+            after = store.reads.count(marker_key) - read_before
+            assert after == (1 if changed_while_sealing else 0)
+
+
+def _async_of(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def run() -> bool:
+        return check()
+
+    return run

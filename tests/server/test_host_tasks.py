@@ -13,8 +13,11 @@ import pytest
 from ballast.clock import FakeClock
 from ballast.metadata import MemoryStore, keys
 from ballast.metadata.store import KeyValue, MetadataUnavailableError
+from ballast.model import TopicName
 from ballast.server import host as host_module
 from ballast.server.host import DataPlaneHost
+from ballast.server.protocol import pb
+from ballast.server.service import DataPlaneService
 from tests.server.helpers import data_config
 from tests.storage.helpers import eventually
 
@@ -118,6 +121,63 @@ async def test_a_create_for_a_topic_being_opened_waits_for_the_opening(
         assert await host.serving("/default/u") is None
         store.gate.set()
         await eventually(lambda: "/default/u" in host.topics)
+    finally:
+        store.gate.set()
+        await host.stop()
+
+
+class MetaGatedStore(MemoryStore):
+    """A memory store whose reads of topic records wait while `gate` is closed (so a
+    topic's opening waits), except the schema bindings; it notes each key read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.reads: list[str] = []
+
+    async def get(self, key: str) -> KeyValue | None:
+        self.reads.append(key)
+        if key.startswith(keys.TOPICS_PREFIX) and not key.endswith("/schema"):
+            await self.gate.wait()
+        return await super().get(key)
+
+
+class _Context:
+    async def abort(self, code: Any, details: str) -> None:
+        raise AssertionError(f"aborted: {code} {details}")
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+
+async def test_a_producer_created_while_its_topic_opens_reads_the_schema_binding_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """A move's new owner is asked to create the producer before it serves the topic: the
+    topic's schema binding is read during that wait, so the first (held) send after the
+    move does not pay the read."""
+    store = MetaGatedStore()
+    config = data_config(tmp_path)
+    host = DataPlaneHost("b1", store, FakeClock(), config)
+    await host.start()
+    service = DataPlaneService(host, config, "127.0.0.1:6650")
+    schema_key = keys.topic_schema(TopicName.parse("/default/t"))
+    try:
+        store.gate.clear()
+        await host.load("/default/t", None)
+        request = pb.ProducerRequest(request_id=1, topic_name="/default/t", producer_name="p")
+        creating = asyncio.ensure_future(service.CreateProducer(request, _Context()))
+        await eventually(lambda: schema_key in store.reads)
+        assert not creating.done()  # still waiting for the opening
+        store.gate.set()
+        answer = await asyncio.wait_for(creating, 5)
+        reads = len(store.reads)
+        message = pb.StreamMessage(request_id=2, payload=b"x")
+        message.msg_id.producer_id = answer.producer_id
+        message.msg_id.topic_name = "/default/t"
+        await service.SendMessage(message, _Context())
+        assert schema_key not in store.reads[reads:]  # the send found it read already
     finally:
         store.gate.set()
         await host.stop()

@@ -26,7 +26,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Awaitable
 from typing import Any
 
 from ballast.clock import Clock
@@ -37,6 +39,7 @@ from ballast.cluster.service import Service, keep_alive, watching
 from ballast.config import BallastConfig
 from ballast.leader.broker_machine import BrokerEffect, BrokerMachine, GiveBack, Load, Unload
 from ballast.metadata import (
+    KeyValue,
     Lease,
     Listing,
     MetadataError,
@@ -302,8 +305,18 @@ class BrokerNode(Service):
             if isinstance(effect, Load):
                 await self._load(effect)
             elif isinstance(effect, Unload):
-                if await self._unload(effect.topic, effect.serving):
-                    await self._mark_ready(effect.topic)
+                # The marker is read while the topic seals: one round trip less on the
+                # move's path (the swap is still conditional on the marker as read).
+                marker = asyncio.ensure_future(self.store.get(keys.unassigned(effect.topic)))
+                try:
+                    sealed = await self._unload(effect.topic, effect.serving)
+                except BaseException:
+                    marker.cancel()
+                    raise
+                if sealed:
+                    await self._mark_ready(effect.topic, marker)
+                else:
+                    marker.cancel()
             elif isinstance(effect, GiveBack):
                 result = await self.store.txn(effect.compares, effect.ops)
                 if result.succeeded:
@@ -346,11 +359,17 @@ class BrokerNode(Service):
         log.debug("%s: unloaded %s", self.name, topic)
         return True
 
-    async def _mark_ready(self, topic: str) -> None:
-        """Set ``ready: true`` on the topic's marker if it waits for us to seal it."""
+    async def _mark_ready(self, topic: str, read: Awaitable[KeyValue | None] | None = None) -> None:
+        """Set ``ready: true`` on the topic's marker if it waits for us to seal it (`read`:
+        the marker as read already, tried first)."""
         key = keys.unassigned(topic)
-        for _ in range(10):
-            kv = await self.store.get(key)
+        for attempt in range(10):
+            kv = None
+            if attempt == 0 and read is not None:
+                with contextlib.suppress(MetadataError):
+                    kv = await read
+            if kv is None:  # not read yet, the read failed, or it is a retry
+                kv = await self.store.get(key)
             if kv is None:
                 return
             try:

@@ -18,6 +18,7 @@ import socket
 import sys
 from collections.abc import Callable
 
+from ballast import heap
 from ballast.clock import SystemClock
 from ballast.cluster.cluster import build_broker
 from ballast.cluster.host import (
@@ -111,8 +112,10 @@ async def serve(
             runner = asyncio.ensure_future(process.run())
             started = asyncio.ensure_future(process.started.wait())
             await asyncio.wait({runner, started}, return_when=asyncio.FIRST_COMPLETED)
-            if process.started.is_set() and on_started is not None:
-                on_started(broker_id)
+            if process.started.is_set():
+                heap.settle()
+                if on_started is not None:
+                    on_started(broker_id)
             started.cancel()
             await runner
         finally:

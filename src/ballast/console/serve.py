@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 from collections.abc import Callable, Iterator
 
 import uvicorn
 
+from ballast import heap
 from ballast.clock import SystemClock
 from ballast.cluster.admin import AdminClient
 from ballast.config import BallastConfig
@@ -62,7 +62,7 @@ async def serve_console(
             await live.current_frame()
             # The listed view is long-lived: keep the collector from re-scanning it (at 100 000
             # topics a full collection would otherwise stall requests for hundreds of ms).
-            gc.freeze()
+            heap.settle()
             app = create_app(
                 live, authority=authority, store_label=etcd or "embedded", stopping=stopping
             )

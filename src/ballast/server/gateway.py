@@ -46,6 +46,7 @@ from wsgiref.simple_server import WSGIServer
 import grpc
 from danube.proto import SchemaRegistry_pb2 as spb
 
+from ballast import heap
 from ballast.aio import Served, cancel_and_wait
 from ballast.clock import SystemClock
 from ballast.config import BallastConfig
@@ -1062,6 +1063,7 @@ async def serve_gateway(
 ) -> None:
     """Serve until `stop` is set."""
     async with Gateway(store, config, listen) as gateway:
+        heap.settle()
         if on_started is not None:
             on_started(gateway.advertise)
         await stop.wait()

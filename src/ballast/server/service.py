@@ -20,6 +20,7 @@ The rules come from ``../shared/reference/danube-client-protocol.md`` (section 9
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
@@ -174,7 +175,11 @@ class DataPlaneService(
                 "(0 = NonReliable, 1 = Reliable)",
                 "bad_dispatch_strategy",
             )
-        served = await self.host.serving(str(topic))
+        # The first send checks the topic's schema binding: read it while the topic opens
+        # (a move's new owner is asked before it serves), not on that send's path.
+        served, _ = await asyncio.gather(
+            self.host.serving(str(topic)), self._read_schema_binding(str(topic))
+        )
         if served is None or not served.accepting:
             await self._not_here(topic, strategy, create=True)
             raise AssertionError("unreachable")
@@ -195,6 +200,11 @@ class DataPlaneService(
         return pb.ProducerResponse(
             request_id=request.request_id, producer_id=entry.id, producer_name=entry.name
         )
+
+    async def _read_schema_binding(self, topic: str) -> None:
+        # Only a warm-up: whatever fails here, the first send reads again and reports.
+        with contextlib.suppress(Exception):
+            await self.schemas.binding(topic)
 
     @staticmethod
     def _check_strategy(topic: TopicName, topic_strategy: str, requested: str) -> None:
