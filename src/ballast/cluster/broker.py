@@ -31,6 +31,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Any
 
+from ballast.aio import cancel_and_wait
 from ballast.clock import Clock
 from ballast.cluster.host import TopicHost
 from ballast.cluster.metrics import ClusterMetrics
@@ -307,16 +308,15 @@ class BrokerNode(Service):
             elif isinstance(effect, Unload):
                 # The marker is read while the topic seals: one round trip less on the
                 # move's path (the swap is still conditional on the marker as read).
-                marker = asyncio.ensure_future(self.store.get(keys.unassigned(effect.topic)))
+                marker = asyncio.ensure_future(self._read_marker(effect.topic))
+                sealed = False
                 try:
                     sealed = await self._unload(effect.topic, effect.serving)
-                except BaseException:
-                    marker.cancel()
-                    raise
+                finally:
+                    if not sealed:
+                        await cancel_and_wait(marker)
                 if sealed:
                     await self._mark_ready(effect.topic, marker)
-                else:
-                    marker.cancel()
             elif isinstance(effect, GiveBack):
                 result = await self.store.txn(effect.compares, effect.ops)
                 if result.succeeded:
@@ -359,15 +359,18 @@ class BrokerNode(Service):
         log.debug("%s: unloaded %s", self.name, topic)
         return True
 
+    async def _read_marker(self, topic: str) -> KeyValue | None:
+        """The topic's marker; None also when the store failed (`_mark_ready` reads again)."""
+        with contextlib.suppress(MetadataError):
+            return await self.store.get(keys.unassigned(topic))
+        return None
+
     async def _mark_ready(self, topic: str, read: Awaitable[KeyValue | None] | None = None) -> None:
         """Set ``ready: true`` on the topic's marker if it waits for us to seal it (`read`:
         the marker as read already, tried first)."""
         key = keys.unassigned(topic)
         for attempt in range(10):
-            kv = None
-            if attempt == 0 and read is not None:
-                with contextlib.suppress(MetadataError):
-                    kv = await read
+            kv = await read if attempt == 0 and read is not None else None
             if kv is None:  # not read yet, the read failed, or it is a retry
                 kv = await self.store.get(key)
             if kv is None:
