@@ -177,11 +177,11 @@ async def throughput(
             latencies.append(time.monotonic() - began)
 
     watched = {name: psutil.Process(pid) for name, pid in (pids or {}).items()}
-    cpu_before = {name: _cpu(proc) for name, proc in watched.items()}
+    cpu_before = {name: cpu_seconds(proc) for name, proc in watched.items()}
     began = time.monotonic()
     await asyncio.gather(*(run(p) for p in made))
     elapsed = time.monotonic() - began
-    spent = {name: _cpu(proc) - cpu_before[name] for name, proc in watched.items()}
+    spent = {name: cpu_seconds(proc) - cpu_before[name] for name, proc in watched.items()}
     for producer in made:
         await producer.close()
     sent = max(1, len(latencies))
@@ -193,7 +193,8 @@ async def throughput(
     }
 
 
-def _cpu(proc: psutil.Process) -> float:
+def cpu_seconds(proc: psutil.Process) -> float:
+    """User + system CPU seconds `proc` has used."""
     times = proc.cpu_times()
     return float(times.user + times.system)
 

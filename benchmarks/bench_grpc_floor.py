@@ -22,10 +22,14 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
 import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.bench_failover import cpu_seconds
 
 _METHOD = "/floor.Echo/Call"
 
@@ -47,11 +51,6 @@ async def _serve() -> None:
     await server.wait_for_termination()
 
 
-def _cpu(proc: psutil.Process) -> float:
-    times = proc.cpu_times()
-    return float(times.user + times.system)
-
-
 async def _measure(duration: float, callers: int) -> dict[str, Any]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--serve", stdout=asyncio.subprocess.PIPE
@@ -68,7 +67,7 @@ async def _measure(duration: float, callers: int) -> dict[str, Any]:
             for _ in range(200):  # warm-up: connection, handler cache
                 await call(payload)
             server, me = psutil.Process(proc.pid), psutil.Process()
-            server_before, me_before = _cpu(server), _cpu(me)
+            server_before, me_before = cpu_seconds(server), cpu_seconds(me)
             calls = 0
             stop = time.monotonic() + duration
 
@@ -81,7 +80,10 @@ async def _measure(duration: float, callers: int) -> dict[str, Any]:
             began = time.monotonic()
             await asyncio.gather(*(run() for _ in range(callers)))
             elapsed = time.monotonic() - began
-            spent_server, spent_me = _cpu(server) - server_before, _cpu(me) - me_before
+            spent_server, spent_me = (
+                cpu_seconds(server) - server_before,
+                cpu_seconds(me) - me_before,
+            )
         return {
             "cpus": os.cpu_count(),
             "callers": callers,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from ballast.model import (
 )
 from ballast.storage import SealedState
 from tests.cluster.helpers import fast_config, host_mismatch, hosts_match, wait_settled, wait_until
+from tests.storage.helpers import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -300,11 +301,11 @@ async def test_the_marker_is_read_while_the_topic_seals(changed_while_sealing: b
         async with BrokerNode(store, clock, host, config, "b1"):
             key, marker_key = keys.broker_assignment("b1", "/ns/t"), keys.unassigned("/ns/t")
             await store.put(key, Assignment(clock.now()).to_dict())
-            await wait_until(_async_of(lambda: "/ns/t" in host.topics), 5, "the topic loads")
+            await eventually(lambda: "/ns/t" in host.topics)
             move = UnassignedMarker(MarkerReason.REBALANCE, "b1", "b2", clock.now(), ready=False)
             await store.txn([], [Delete(key), Put(marker_key, move.to_dict())])
             await asyncio.wait_for(host.sealing.wait(), 5)
-            await wait_until(_async_of(lambda: marker_key in store.reads), 5, "the marker read")
+            await eventually(lambda: marker_key in store.reads)
             if changed_while_sealing:  # e.g. the leader re-targets the move
                 await store.put(marker_key, replace(move, to_broker="b3").to_dict())
             read_before = store.reads.count(marker_key)
@@ -324,10 +325,3 @@ async def test_the_marker_is_read_while_the_topic_seals(changed_while_sealing: b
             # it had changed (the swap failed and the marker was read again).
             after = store.reads.count(marker_key) - read_before
             assert after == (1 if changed_while_sealing else 0)
-
-
-def _async_of(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
-    async def run() -> bool:
-        return check()
-
-    return run

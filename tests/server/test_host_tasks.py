@@ -5,6 +5,7 @@ it every retry of a topic whose opening had failed)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,15 +83,20 @@ async def test_a_load_after_stop_is_ignored_and_a_load_before_start_refused(
 
 
 class SlowStore(MemoryStore):
-    """A memory store whose reads wait while `gate` is closed (an opening in progress)."""
+    """A memory store whose reads (those `gates` picks: all by default) wait while `gate`
+    is closed (an opening in progress); it notes each key read."""
 
-    def __init__(self) -> None:
+    def __init__(self, gates: Callable[[str], bool] = lambda key: True) -> None:
         super().__init__()
+        self.gates = gates
         self.gate = asyncio.Event()
         self.gate.set()
+        self.reads: list[str] = []
 
     async def get(self, key: str) -> KeyValue | None:
-        await self.gate.wait()
+        self.reads.append(key)
+        if self.gates(key):
+            await self.gate.wait()
         return await super().get(key)
 
 
@@ -126,23 +132,6 @@ async def test_a_create_for_a_topic_being_opened_waits_for_the_opening(
         await host.stop()
 
 
-class MetaGatedStore(MemoryStore):
-    """A memory store whose reads of topic records wait while `gate` is closed (so a
-    topic's opening waits), except the schema bindings; it notes each key read."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gate = asyncio.Event()
-        self.gate.set()
-        self.reads: list[str] = []
-
-    async def get(self, key: str) -> KeyValue | None:
-        self.reads.append(key)
-        if key.startswith(keys.TOPICS_PREFIX) and not key.endswith("/schema"):
-            await self.gate.wait()
-        return await super().get(key)
-
-
 class _Context:
     async def abort(self, code: Any, details: str) -> None:
         raise AssertionError(f"aborted: {code} {details}")
@@ -157,7 +146,10 @@ async def test_a_producer_created_while_its_topic_opens_reads_the_schema_binding
     """A move's new owner is asked to create the producer before it serves the topic: the
     topic's schema binding is read during that wait, so the first (held) send after the
     move does not pay the read."""
-    store = MetaGatedStore()
+    # The topic's records wait (its opening waits), its schema binding does not.
+    store = SlowStore(
+        lambda key: key.startswith(keys.TOPICS_PREFIX) and not key.endswith("/schema")
+    )
     config = data_config(tmp_path)
     host = DataPlaneHost("b1", store, FakeClock(), config)
     await host.start()

@@ -170,7 +170,9 @@ async def test_a_broker_without_the_link_gets_unary_calls() -> None:
     links = BrokerLinks(None, batch_sends=True)
     try:
         for payload in (b"first", b"second"):
-            reply = await links.send(url, message(1, payload), [], 5)
+            reply = await links.call(
+                url, "/danube.ProducerService/SendMessage", message(1, payload), [], 5
+            )
             assert pb.MessageResponse.FromString(reply).request_id == 7
     finally:
         await links.close()

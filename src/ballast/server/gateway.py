@@ -102,6 +102,7 @@ _RECEIVE = "/danube.ConsumerService/ReceiveMessages"
 _ACK = "/danube.ConsumerService/Ack"
 _NACK = "/danube.ConsumerService/Nack"
 _HEALTH = "/danube.HealthCheck/HealthCheck"
+_LINKED = {_SEND: LINK_METHOD, _ACK: ACK_LINK_METHOD}  # client RPC -> the link carrying it
 _SCHEMA_SERVICE = spb.DESCRIPTOR.services_by_name["SchemaRegistry"]
 _SCHEMA_METHODS = tuple(f"/{_SCHEMA_SERVICE.full_name}/{m.name}" for m in _SCHEMA_SERVICE.methods)
 
@@ -247,29 +248,18 @@ class BrokerLinks:
         """Every open link, by (broker url, link method) (a copy)."""
         return dict(self._links)
 
-    async def send(
-        self, url: str, message: bytes, metadata: list[tuple[str, str]], timeout: float
-    ) -> bytes:
-        """SendMessage on `url`: on its link, or as a unary call (a large message, a
-        broker without the link); failures raise as a unary call's would."""
-        linked = LINK_METHOD if len(message) < BATCH_BYTES else None
-        return await self._call(url, linked, _SEND, message, metadata, timeout)
-
-    async def ack(
-        self, url: str, request: bytes, metadata: list[tuple[str, str]], timeout: float
-    ) -> bytes:
-        """Ack on `url`, on its ack link (or as a unary call, as `send`)."""
-        return await self._call(url, ACK_LINK_METHOD, _ACK, request, metadata, timeout)
-
-    async def _call(
+    async def call(
         self,
         url: str,
-        linked: str | None,
         method: str,
         request: bytes,
         metadata: list[tuple[str, str]],
         timeout: float,
     ) -> bytes:
+        """`method` (a client RPC) on `url`: SendMessage and Ack on the broker's link of
+        their kind, anything else (or a request too large for a frame, or a broker without
+        the link) as a unary call; failures raise as a unary call's would."""
+        linked = _LINKED.get(method) if len(request) < BATCH_BYTES else None
         link = None
         if self.batch_sends and linked is not None:
             link = self._links.get((url, linked))
@@ -287,10 +277,10 @@ class BrokerLinks:
     def abandon(self, url: str) -> None:
         """The broker at `url` lost its registration (dead, stalled past its TTL or cut
         off from the store): end its links and unary calls, so that calls waiting on it
-        fail as on a lost connection and their sessions move to the topic's next owner, instead of
-        waiting out `forward_timeout_seconds` on a host that may never answer (no RST
-        comes from a host that lost power)."""
-        for method in (LINK_METHOD, ACK_LINK_METHOD):
+        fail as on a lost connection and their sessions move to the topic's next owner,
+        instead of waiting out `forward_timeout_seconds` on a host that may never answer
+        (no RST comes from a host that lost power)."""
+        for method in _LINKED.values():
             link = self._links.pop((url, method), None)
             if link is not None:
                 link.abandon()
@@ -778,8 +768,9 @@ class Gateway(Served, grpc.GenericRpcHandler):
                 generation = session.generation
                 message.msg_id.producer_id = session.broker_id
                 try:
-                    return await self.links.send(
+                    return await self.links.call(
                         session.url,
+                        _SEND,
                         message.SerializeToString(),
                         metadata,
                         self.settings.forward_timeout_seconds,
@@ -900,7 +891,9 @@ class Gateway(Served, grpc.GenericRpcHandler):
     async def _reack(self, url: str, request: bytes, metadata: list[tuple[str, str]]) -> None:
         # With the client's token: a secured broker checks it as for the client's own ack.
         with contextlib.suppress(grpc.aio.AioRpcError):
-            await self.links.ack(url, request, metadata, self.settings.forward_timeout_seconds)
+            await self.links.call(
+                url, _ACK, request, metadata, self.settings.forward_timeout_seconds
+            )
 
     async def _until_moved(self, topic: str, url: str, call: Any) -> None:
         """End the stream from `url` once another broker owns the topic."""
@@ -986,14 +979,9 @@ class Gateway(Served, grpc.GenericRpcHandler):
         try:
             if route is None:
                 raise self._gone(route, header)
-            timeout = self.settings.forward_timeout_seconds
             try:
-                if method == _ACK:
-                    return await self.links.ack(route.url, request, metadata, timeout)
-                return bytes(
-                    await self.links.unary(route.url, method)(
-                        request, metadata=metadata, timeout=timeout
-                    )
+                return await self.links.call(
+                    route.url, method, request, metadata, self.settings.forward_timeout_seconds
                 )
             except grpc.aio.AioRpcError as exc:
                 raise _Abort(exc.code(), exc.details() or exc.code().name) from None

@@ -66,7 +66,7 @@ class GatewayCollector(Collector):
             "Frames they went in (records / frames: what batching saves)",
             labels=["broker_url", "link"],
         )
-        for (url, method), link in sorted(dict(gateway.links.links()).items()):
+        for (url, method), link in sorted(gateway.links.links().items()):
             kind = method.rsplit("/", 1)[-1]
             records.add_metric([url, kind], link.sends)
             frames.add_metric([url, kind], link.frames)

@@ -257,9 +257,8 @@ class SendLink:
 
     async def send(self, message: bytes, token: str | None, timeout: float) -> bytes:
         """The broker's reply bytes (MessageResponse, AckResponse); `grpc.aio.AioRpcError`
-        as a unary call would
-        raise it (UNAVAILABLE mentioning the connection when the link is lost;
-        UNIMPLEMENTED when the broker has no link)."""
+        as a unary call would raise it (UNAVAILABLE mentioning the connection when the
+        link is lost; UNIMPLEMENTED when the broker has no link)."""
         self._next_id += 1
         call_id = self._next_id
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
