@@ -25,7 +25,7 @@ from ballast.metadata import MetadataStore, keys
 from ballast.server import DataPlaneHost, DataPlaneServer
 from ballast.server.directory import DEFAULT_NAMESPACE
 from ballast.server.metrics import DataPlaneMetrics
-from ballast.storage import ObjectStore
+from ballast.storage import FsspecObjectStore, ObjectStore
 
 __all__ = [
     "DataBroker",
@@ -166,6 +166,18 @@ class DataCluster:
         assert owner is not None
         return owner
 
+    async def wait_moved(self, topic: str, source: DataBroker, timeout: float = 15) -> DataBroker:
+        """The broker serving `topic` once it is served by another than `source` (a send
+        right after an unload may still reach the source: the move is not done then)."""
+
+        async def moved() -> bool:
+            return self.owner(topic) not in (None, source)
+
+        await wait_until(moved, timeout, f"{topic} to move off {source.broker_id}")
+        owner = self.owner(topic)
+        assert owner is not None
+        return owner
+
     async def __aenter__(self) -> Self:
         return self
 
@@ -182,3 +194,34 @@ class DataCluster:
 async def new_client(url: str) -> Any:
     """A real `danube-client` seeded with `url`."""
     return await DanubeClientBuilder().service_url(f"http://{url}").build()
+
+
+class GatedObjects:
+    """An object store whose writes wait while `gate` is closed (a stalled upload)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    @classmethod
+    def of(cls, config: BallastConfig) -> GatedObjects:
+        """Over the object store `config` names (the one its brokers would use)."""
+        storage = config.storage
+        return cls(
+            FsspecObjectStore(storage.object_store_url(), dict(storage.object_store_options))
+        )
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    async def put(self, name: str, data: bytes) -> None:
+        await self.gate.wait()
+        await self.inner.put(name, data)
+
+    async def get(self, name: str, start: int | None = None, end: int | None = None) -> bytes:
+        return await self.inner.get(name, start, end)
+
+    async def delete(self, name: str) -> None:
+        await self.inner.delete(name)

@@ -27,13 +27,14 @@ from ballast.server import host as host_module
 from ballast.server.auth import Permission, TokenAuthority
 from ballast.server.cluster_calls import ClusterDialer
 from ballast.server.protocol import CLIENT_CONSUMER, CLIENT_PRODUCER, pb, pb_grpc
-from ballast.storage import FsspecObjectStore, ObjectStore, StorageConfig, WriteAheadLog
+from ballast.storage import StorageConfig, WriteAheadLog
 from tests.etcd_fixtures import EtcdServer
 from tests.server.certs import Pki, make_pki
 from tests.server.helpers import (
     DataBroker,
     DataCluster,
     DispatchStrategy,
+    GatedObjects,
     SubType,
     data_config,
     new_client,
@@ -298,36 +299,9 @@ async def budget_broker(etcd_store: EtcdStore, tmp_path: Path) -> AsyncIterator[
     """Tiny budgets: 8 KiB held per topic, 64 KiB read ahead per subscription."""
     limits = {"topic_budget_bytes": 8 * 1024, "subscription_buffer_bytes": 64 * 1024}
     config = data_config(tmp_path, data_plane=limits)
-    objects = GatedObjects(
-        FsspecObjectStore(
-            config.storage.object_store_url(), dict(config.storage.object_store_options)
-        )
-    )
+    objects = GatedObjects.of(config)
     async with DataCluster(etcd_store, config, objects) as cluster:
         yield await cluster.start_broker("h3")
-
-
-class GatedObjects:
-    """An object store whose writes wait while `gate` is closed (a stalled upload)."""
-
-    def __init__(self, inner: ObjectStore) -> None:
-        self.inner = inner
-        self.gate = asyncio.Event()
-        self.gate.set()
-
-    @property
-    def url(self) -> str:
-        return self.inner.url
-
-    async def put(self, name: str, data: bytes) -> None:
-        await self.gate.wait()
-        await self.inner.put(name, data)
-
-    async def get(self, name: str, start: int | None = None, end: int | None = None) -> bytes:
-        return await self.inner.get(name, start, end)
-
-    async def delete(self, name: str) -> None:
-        await self.inner.delete(name)
 
 
 async def test_a_subscription_that_never_reads_costs_bounded_memory(

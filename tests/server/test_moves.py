@@ -17,6 +17,7 @@ from ballast.metadata.etcd import EtcdStore
 from tests.server.helpers import (
     DataCluster,
     DispatchStrategy,
+    GatedObjects,
     SubType,
     data_config,
     new_client,
@@ -79,7 +80,7 @@ async def test_lookup_at_a_non_owner_redirects_and_a_pinned_producer_recovers(
     await AdminClient(cluster.store).unload_topic("/default/mv1")
     for i in range(3):
         await producer.send(f"after{i}".encode())
-    new_owner = cluster.owner("/default/mv1")
+    new_owner = await cluster.wait_moved("/default/mv1", owner)
     assert new_owner is other
     storage = new_owner.host.topics["/default/mv1"].storage  # type: ignore[attr-defined]
     assert storage.next_offset == 4  # offsets 0..3, continuous across the move
@@ -109,8 +110,8 @@ async def test_unload_anchor_consumer_gets_exactly_the_unacked_and_the_new(
     after = await asyncio.wait_for(reader, 30)
     assert [m.msg_id.topic_offset for m in after] == list(range(5, 18))
     assert [m.payload for m in after] == [f"m{i}".encode() for i in range(5, 18)]
-    target = cluster.owner("/default/anchor")
-    assert target is not None and target is not source
+    assert source is not None
+    target = await cluster.wait_moved("/default/anchor", source)
     # The new owner continued after the seal: 5..9 came from object storage, 10.. its WAL.
     opened = target.host.topics["/default/anchor"].storage.opened  # type: ignore[attr-defined]
     assert (opened.next_offset, opened.source.value) == (10, "sealed")
@@ -139,13 +140,7 @@ async def test_a_moving_consumer_is_relayed_without_waiting_for_its_health_check
     start = loop.time()
     await AdminClient(cluster.store).unload_topic("/default/relay")
 
-    async def moved() -> bool:
-        owner = cluster.owner("/default/relay")
-        return owner is not None and owner is not source
-
-    await wait_until(moved, 10, "the topic to move")
-    target = cluster.owner("/default/relay")
-    assert target is not None
+    target = await cluster.wait_moved("/default/relay", source, timeout=10)
     # Sent to the new owner directly (another client), received through the relay.
     other = await new_client(target.url)
     direct = await reliable_producer(other, "/default/relay", name="p2")
@@ -207,9 +202,8 @@ async def test_a_reliable_topic_on_s3_moves_and_replays_from_the_objects(
                 after.append(await asyncio.wait_for(queue.get(), 20))
                 await consumer.ack(after[-1])
             assert [m.msg_id.topic_offset for m in after] == [1, 2, 3, 4, 5]
-            target = c.owner("/default/s3")
-            assert target is not None and target is not source
             assert source is not None and source.host.stats.objects_uploaded >= 1
+            await c.wait_moved("/default/s3", source)
             await consumer.close()
             await producer.close()
     finally:
@@ -234,15 +228,49 @@ async def test_close_handshake_without_relay_moves_the_consumer_with_no_reopen_s
         source = c.owner("/default/hs")
         assert source is not None
         await AdminClient(c.store).unload_topic("/default/hs")
+        # Sent once the new owner serves the topic: only the handshake brings it here.
+        await c.wait_moved("/default/hs", source)
         await producer.send(b"1")
         message = await asyncio.wait_for(queue.get(), 15)  # within one health period
         assert (message.msg_id.topic_offset, message.payload) == (1, b"1")
-        target = c.owner("/default/hs")
-        assert target is not None and target is not source
         # No reopen spin: the client never opened a stream for an id the source forgot.
         assert source.host.counters.rejected_count("ReceiveMessages", "unknown_consumer") == 0
         await consumer.ack(message)
         await consumer.close()
+        await producer.close()
+
+
+async def test_a_broker_stopped_while_a_topic_seals_finishes_the_seal(
+    etcd_store: EtcdStore, tmp_path: Path
+) -> None:
+    """A graceful stop during a move's seal (the upload stalled) waits for it: the next
+    owner continues from the seal, not after the stopped owner's whole reservation."""
+    config = data_config(tmp_path)
+    objects = GatedObjects.of(config)
+    async with DataCluster(etcd_store, config, objects) as c:
+        h1 = await c.start_broker("h1")
+        await c.start_broker("h2")
+        topic = "/default/stop-seal"
+        client = await new_client(h1.url)
+        producer = await reliable_producer(client, topic)
+        source = await c.wait_served(topic)
+        for i in range(3):
+            await producer.send(f"m{i}".encode())
+        objects.gate.clear()  # the next upload stalls: the seal waits for it
+        pending = asyncio.create_task(producer.send(b"m3"))
+        storage = source.host.topics[topic].storage  # type: ignore[attr-defined]
+        await until(lambda: storage.next_offset == 4, 10, "m3 in the WAL")
+        await AdminClient(c.store).unload_topic(topic)
+        await until(lambda: topic not in source.host.topics, 10, "the seal to start")
+        stopping = asyncio.create_task(c.stop_broker(source.broker_id))
+        await asyncio.sleep(0.3)
+        assert not stopping.done()  # waiting for the seal
+        objects.gate.set()
+        await asyncio.wait_for(stopping, 20)
+        target = await c.wait_served(topic)
+        opened = target.host.topics[topic].storage.opened  # type: ignore[attr-defined]
+        assert (opened.next_offset, opened.source.value) == (4, "sealed")
+        await asyncio.wait_for(pending, 20)
         await producer.close()
 
 
@@ -270,15 +298,15 @@ async def test_acks_above_the_oldest_unacked_survive_a_move(cluster: DataCluster
         if m.msg_id.topic_offset != 2:
             await consumer.ack(m)
     source = cluster.owner("/default/acks")
+    assert source is not None
     await AdminClient(cluster.store).unload_topic("/default/acks")
+    await cluster.wait_moved("/default/acks", source)  # m6 is then the new owner's
     await producer.send(b"m6")
     after = []
     while not after or after[-1].msg_id.topic_offset != 6:
         after.append(await asyncio.wait_for(queue.get(), 20))
         await consumer.ack(after[-1])
     assert [m.msg_id.topic_offset for m in after] == [2, 6]
-    target = cluster.owner("/default/acks")
-    assert target is not None and target is not source
     await asyncio.sleep(0.5)
     assert queue.empty()
     await consumer.close()
@@ -397,8 +425,8 @@ async def test_key_shared_keeps_per_key_order_across_a_move(cluster: DataCluster
     await AdminClient(cluster.store).unload_topic("/default/ksm")
     await send_keyed(producer, 40)
     await until(lambda: {o for _, o in log} >= set(range(100)), 30, "every message worked on")
-    target = cluster.owner("/default/ksm")
-    assert target is not None and target is not source
+    assert source is not None
+    await cluster.wait_moved("/default/ksm", source)
     for worker in workers:
         await worker.close()
     first_times = list(dict.fromkeys(log))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable
 from typing import Any
@@ -107,6 +108,7 @@ class BrokerNode(Service):
         self.reports_published = 0
         self._host_lock = asyncio.Lock()
         self._unsealed: dict[str, str] = {}  # topic -> why the host could not seal it
+        self._leaving: dict[str, asyncio.Task[None]] = {}  # topic -> its seal under way
         self._resync = asyncio.Event()
         self._retry_scheduled = False
 
@@ -149,9 +151,21 @@ class BrokerNode(Service):
         self.spawn(self._assignment_loop(), "assignments")
         self.spawn(self._report_loop(), "load-report")
 
+    def abandon(self) -> None:
+        super().abandon()
+        for task in self._leaving.values():  # a crash stops a seal under way too
+            task.cancel()
+
     async def _stop(self) -> None:
-        """Graceful leave: seal every topic, then revoke the lease (the leader reassigns)."""
+        """Graceful leave: seal every topic, then revoke the lease (the leader reassigns).
+
+        A seal under way when the loops were cancelled (a move) finishes first: abandoned
+        half-way, it would leave the next owner to skip this owner's reserved offsets.
+        """
         async with self._host_lock:
+            for leaving in list(self._leaving.values()):
+                with contextlib.suppress(Exception):
+                    await leaving
             for topic in sorted(self.serving):
                 try:
                     await self.host.unload(topic)
@@ -306,17 +320,11 @@ class BrokerNode(Service):
             if isinstance(effect, Load):
                 await self._load(effect)
             elif isinstance(effect, Unload):
-                # The marker is read while the topic seals: one round trip less on the
-                # move's path (the swap is still conditional on the marker as read).
-                marker = asyncio.ensure_future(self._read_marker(effect.topic))
-                sealed = False
-                try:
-                    sealed = await self._unload(effect.topic, effect.serving)
-                finally:
-                    if not sealed:
-                        await cancel_and_wait(marker)
-                if sealed:
-                    await self._mark_ready(effect.topic, marker)
+                # Shielded: a graceful stop lets the seal finish (`_stop` awaits it).
+                leaving = asyncio.ensure_future(self._leave(effect))
+                self._leaving[effect.topic] = leaving
+                leaving.add_done_callback(functools.partial(self._left, effect.topic))
+                await asyncio.shield(leaving)
             elif isinstance(effect, GiveBack):
                 result = await self.store.txn(effect.compares, effect.ops)
                 if result.succeeded:
@@ -336,6 +344,24 @@ class BrokerNode(Service):
             return
         self.machine.loaded(effect.topic)
         log.debug("%s: loaded %s", self.name, effect.topic)
+
+    def _left(self, topic: str, task: asyncio.Task[None]) -> None:
+        if self._leaving.get(topic) is task:
+            del self._leaving[topic]
+
+    async def _leave(self, effect: Unload) -> None:
+        """Seal the topic and make its marker ready."""
+        # The marker is read while the topic seals: one round trip less on the move's
+        # path (the swap is still conditional on the marker as read).
+        marker = asyncio.ensure_future(self._read_marker(effect.topic))
+        sealed = False
+        try:
+            sealed = await self._unload(effect.topic, effect.serving)
+        finally:
+            if not sealed:
+                await cancel_and_wait(marker)
+        if sealed:
+            await self._mark_ready(effect.topic, marker)
 
     async def _unload(self, topic: str, serving: bool) -> bool:
         """Stop serving `topic` (sealing it, if `serving`); False if the host failed to.
