@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from ballast.aio import TaskOwner
+from ballast.aio import TaskOwner, both
 
 
 async def _fail() -> None:
@@ -47,3 +47,18 @@ async def test_spawning_outside_open_is_refused_without_leaking_the_coroutine() 
     with pytest.raises(RuntimeError, match="before open"):
         owner.spawn_contained(coro, "t")
     assert coro.cr_frame is None  # closed, so no "never awaited" warning
+
+
+async def test_both_waits_for_the_other_before_raising_the_first_failure() -> None:
+    finished = asyncio.Event()
+
+    async def slow() -> int:
+        await asyncio.sleep(0.05)
+        finished.set()
+        return 2
+
+    assert await both(asyncio.sleep(0, 1), slow()) == (1, 2)
+    finished.clear()
+    with pytest.raises(ValueError, match="boom"):
+        await both(_fail(), slow())
+    assert finished.is_set()  # a plain gather would have raised with `slow` still running

@@ -5,13 +5,16 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-from collections.abc import Coroutine, Mapping
+from collections.abc import Awaitable, Coroutine, Mapping
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from ballast.clock import Clock
 
 log = logging.getLogger(__name__)
+
+_A = TypeVar("_A")
+_B = TypeVar("_B")
 
 
 async def cancel_and_wait(task: asyncio.Task[Any]) -> None:
@@ -28,6 +31,17 @@ async def cancel_and_wait(task: asyncio.Task[Any]) -> None:
         current = asyncio.current_task()
         if current is not None and current.cancelling():
             raise
+
+
+async def both(first: Awaitable[_A], second: Awaitable[_B]) -> tuple[_A, _B]:
+    """Await two things at once; both end before either's failure is raised (unlike a
+    plain gather, which leaves the other running when the first fails)."""
+    a, b = await asyncio.gather(first, second, return_exceptions=True)
+    if isinstance(a, BaseException):
+        raise a
+    if isinstance(b, BaseException):
+        raise b
+    return a, b
 
 
 async def tick(clock: Clock, seconds: float, wake: asyncio.Event) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ballast.clock import FakeClock
-from ballast.metadata import MemoryStore, keys
+from ballast.metadata import MemoryStore, ValueDecodeError, keys
 from ballast.storage import (
     AckMode,
     DurabilityTimeoutError,
@@ -454,3 +454,33 @@ async def test_the_write_pacer_spaces_turns_and_refuses_a_bad_rate() -> None:
     assert asyncio.get_running_loop().time() - began >= 5 * 0.02 - 0.005
     with pytest.raises(ValueError, match="object writes per second"):
         WritePacer(per_second=0)
+
+
+async def test_a_state_that_is_not_a_state_is_not_trusted_and_the_claim_replaces_it(
+    tmp_path: Path, kw: dict[str, Any], metadata: MemoryStore
+) -> None:
+    """JSON that is no state: opened from the other evidence (the objects), claimed over it."""
+    async with make_topic("broker-a", tmp_path, **kw) as a:
+        await append_range(a, 0, 5)
+        assert await a.upload_now() == 4
+        await a.seal()
+    key = keys.storage_state("/default/reliable_topic")
+    await metadata.put(key, {"sealed": "perhaps"})
+    async with make_topic("broker-b", tmp_path, **kw) as b:
+        assert (b.opened.next_offset, b.opened.source) == (5, StartSource.CATALOG)
+        assert b.opened.previous_state is None
+        state = await metadata.get(key)
+        assert state is not None and state.value["broker_id"] == "broker-b"
+
+
+async def test_a_state_that_is_not_json_stops_the_open_and_names_its_key(
+    tmp_path: Path, kw: dict[str, Any], metadata: MemoryStore
+) -> None:
+    """Not JSON at all: refused as a read of the key refuses it (an operator fixes it)."""
+    key = keys.storage_state("/default/reliable_topic")
+    await metadata.put_raw(key, b"{not json")
+    topic = make_topic("broker-b", tmp_path, **kw)
+    with pytest.raises(ValueDecodeError, match="/state"):
+        await topic.open()
+    assert topic.status is not TopicStatus.OPEN
+    assert (await metadata.get_prefix(keys.storage_topic_prefix(topic.topic))).undecodable

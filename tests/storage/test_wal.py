@@ -402,6 +402,40 @@ async def test_a_jump_without_its_marker_is_still_a_lost_segment(
     assert recovery.corruption is not None and "expected 10" in recovery.corruption
 
 
+async def test_a_segment_started_before_the_first_append_takes_it_and_a_crash_leaves_none(
+    tmp_path: Path, clock: FakeClock, config: StorageConfig
+) -> None:
+    """`start_segment` creates the next append's segment (after its gap marker) at open;
+    the append then only writes. Left empty by a crash, recovery removes it."""
+    directory = tmp_path / "wal"
+    wal, _ = await opened(directory, clock, config)
+    async with wal:
+        await fill(wal, 0, 10)
+    wal2 = WriteAheadLog(directory, clock=clock, config=config)
+    await wal2.recover()
+    await wal2.open(50, allow_gap=True)
+    await wal2.start_segment()
+    assert [p.name for p in segment_files(directory)] == [f"{0:020d}.wal", f"{50:020d}.wal"]
+    assert [p.name for p in directory.glob("*.gap")] == [f"{10:020d}-{49:020d}.gap"]
+    await wal2.start_segment()  # already there: nothing more
+    assert wal2.segment_count == 2
+    assert await wal2.read(20) == []  # the empty segment holds nothing yet
+    await wal2.close_files()  # a crash before any append
+    wal3, recovery = await opened(directory, clock, config)
+    assert recovery.clean and recovery.last_offset == 9
+    assert [p.name for p in segment_files(directory)] == [f"{0:020d}.wal"]
+    await wal3.close_files()
+    wal4 = WriteAheadLog(directory, clock=clock, config=config)
+    await wal4.recover()
+    await wal4.open(50, allow_gap=True)
+    await wal4.start_segment()
+    async with wal4:
+        assert await fill(wal4, 50, 3) == [50, 51, 52]
+        assert wal4.segment_count == 2  # the append went into the started segment
+    _, recovery = await opened(directory, clock, config)
+    assert recovery.clean and recovery.gaps == ((10, 49),) and recovery.last_offset == 52
+
+
 class CountingReserver:
     """An `OffsetReserver` that grants `step` more offsets per `ensure` (or fails)."""
 

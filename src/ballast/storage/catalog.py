@@ -22,7 +22,7 @@ from enum import StrEnum
 from typing import Any
 
 from ballast.metadata import keys
-from ballast.metadata.store import MetadataStore
+from ballast.metadata.store import Listing, MetadataStore
 from ballast.model import TopicName
 from ballast.storage.objects import ObjectStore
 from ballast.storage.stats import StorageStats
@@ -210,11 +210,14 @@ async def load_catalog(
     *,
     objects: ObjectStore | None = None,
     previous: ObjectCatalog | None = None,
+    listing: Listing | None = None,
 ) -> ObjectCatalog:
     """Read every descriptor of `topic` (the index object from `objects`, unless it is
     `previous`'s: index objects never change); malformed or overlapping descriptor keys
-    are logged and skipped. One listing, so the index and the keys are of one revision."""
-    listing = await store.get_prefix(keys.storage_topic_prefix(topic))
+    are logged and skipped. One listing, so the index and the keys are of one revision
+    (`listing`: the topic's storage prefix as read already)."""
+    if listing is None:
+        listing = await store.get_prefix(keys.storage_topic_prefix(topic))
     for undecodable in listing.undecodable:
         log.warning("storage %s: skipping descriptor: %s", topic, undecodable)
         if stats is not None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from ballast.aio import both
 from ballast.clock import Clock, SystemClock
 from ballast.metadata import keys
 from ballast.metadata.store import MetadataStore
@@ -218,16 +219,6 @@ class ReliableTopic:
         return result
 
     async def _open(self, stack: contextlib.AsyncExitStack) -> OpenResult:
-        state_key = keys.storage_state(self.topic)
-        kv = await self._metadata.get(state_key)
-        previous: SealedState | None = None
-        if kv is not None:
-            try:
-                previous = SealedState.from_dict(kv.value, state_key)
-            except StateError as exc:
-                # Without a trustworthy seal, fall back to the evidence: never reuse offsets.
-                log.error("storage %s: ignoring malformed state: %s", self.topic, exc)
-        catalog = await load_catalog(self._metadata, self.topic, self.stats, objects=self._objects)
         wal = WriteAheadLog(
             self.directory,
             clock=self._clock,
@@ -235,10 +226,31 @@ class ReliableTopic:
             stats=self.stats,
             name=f"wal{self.topic}",
         )
-        recovery = await wal.recover()
+        # The state and the catalog in one listing (one revision), while the WAL recovers:
+        # opening is on a move's path (a retry must not recover the directory while this
+        # recovery still runs: `both` waits for both).
+        listing, recovery = await both(
+            self._metadata.get_prefix(keys.storage_topic_prefix(self.topic)), wal.recover()
+        )
+        state_key = keys.storage_state(self.topic)
+        for undecodable in listing.undecodable:
+            if undecodable.key == state_key:
+                raise undecodable  # as a read of the key alone would (not a state to trust)
+        kv = next((item for item in listing.items if item.key == state_key), None)
+        previous: SealedState | None = None
+        if kv is not None:
+            try:
+                previous = SealedState.from_dict(kv.value, state_key)
+            except StateError as exc:
+                # Without a trustworthy seal, fall back to the evidence: never reuse offsets.
+                log.error("storage %s: ignoring malformed state: %s", self.topic, exc)
+        catalog = await load_catalog(
+            self._metadata, self.topic, self.stats, objects=self._objects, listing=listing
+        )
         decision = choose_start(previous, catalog.end, recovery.last_offset)
         discarded = await wal.discard() if decision.discard_local else 0
         await wal.open(decision.next_offset, allow_gap=True)
+        stack.push_async_callback(wal.close_files)  # also if the open fails from here on
         gaps = merge_gaps(
             [
                 *(previous.gaps if previous is not None else ()),
@@ -258,17 +270,16 @@ class ReliableTopic:
             config=self._config,
             stats=self.stats,
         )
-        await claim.claim(
-            kv.mod_revision if kv else 0,
-            SealedState(
-                False,
-                decision.next_offset - 1,
-                self.broker_id,
-                self._clock.now(),
-                reserved_through=reserved,
-                gaps=gaps,
-            ),
+        owner_record = SealedState(
+            False,
+            decision.next_offset - 1,
+            self.broker_id,
+            self._clock.now(),
+            reserved_through=reserved,
+            gaps=gaps,
         )
+        # The first segment is created while the claim is written (both on a move's path).
+        await both(claim.claim(kv.mod_revision if kv else 0, owner_record), wal.start_segment())
         wal.set_reserver(claim)
         checkpoint = catalog.end if catalog.end is not None else -1
         uploader = Uploader(

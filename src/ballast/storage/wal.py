@@ -519,9 +519,11 @@ class WriteAheadLog:
             await self._tasks.close(exc_type, exc, tb, cancel=False)
         finally:
             self._running = False
-            await self._close_files()
+            await self.close_files()
 
-    async def _close_files(self) -> None:
+    async def close_files(self) -> None:
+        """Close the active segment's file (fsynced if dirty); appends and waiting readers
+        are refused from then on. Also for a WAL opened and never started."""
         async with self._io_lock:
             fd, self._fd = self._fd, None
             if fd is not None:
@@ -667,13 +669,8 @@ class WriteAheadLog:
         sync = self._config.fsync_policy is FsyncPolicy.BATCH
         data = b"".join(batch.frames)
         async with self._io_lock:
-            active = self._segments[-1] if self._segments else None
             first = batch.records[0].offset
-            if (
-                active is None
-                or (active.size >= self._config.segment_bytes and active.last is not None)
-                or (active.last is not None and first != active.last + 1)  # after a gap
-            ):
+            if self._needs_segment(first):
                 await self._roll(first)
             assert self._fd is not None
             if sync or len(data) > _INLINE_WRITE_BYTES:
@@ -684,6 +681,25 @@ class WriteAheadLog:
                 self._stats.wal_fsyncs += 1
             else:
                 self._dirty = True
+
+    def _needs_segment(self, first: int) -> bool:
+        """Whether an append at `first` needs a new segment."""
+        active = self._segments[-1] if self._segments else None
+        return (
+            active is None
+            or (active.size >= self._config.segment_bytes and active.last is not None)
+            or (active.last is not None and first != active.last + 1)  # after a gap
+        )
+
+    async def start_segment(self) -> None:
+        """Create the segment the next append goes to now, if it needs a new one: a topic
+        that moved here opens while its first send waits, which then only writes. (Left
+        empty by a crash, recovery removes it.)"""
+        if not self._opened:
+            raise WalError(f"{self.name}: open() it before starting a segment")
+        async with self._io_lock:
+            if self._needs_segment(self._next_offset):
+                await self._roll(self._next_offset)
 
     async def _roll(self, base: int) -> None:
         """Close the active segment (fsynced unless the policy is `never`), start a new one."""
