@@ -118,8 +118,9 @@ def test_admin_commands_end_to_end(app: typer.Typer, cluster: str, tmp_path: Pat
 
     detail = invoke(app, "admin", "topics", "describe", "/cli/a", *etcd, "--json")
     assert detail["owner"] in {"b1", "b2", "b3"}
-    assert detail["placement"]["rejected"][detail["owner"]].startswith("[source]")
-    assert "placement now" in invoke(app, "admin", "topics", "describe", "/cli/a", *etcd)
+    # Served, not moving: the placement is what an unload would do; the owner is no source.
+    assert detail["placement"]["rejected"][detail["owner"]].startswith("[owner] serves it now")
+    assert "if unloaded now" in invoke(app, "admin", "topics", "describe", "/cli/a", *etcd)
 
     balance = invoke(app, "admin", "cluster", "balance", *etcd, "--json")
     assert balance["cv"] > 0.3 and {b["broker_id"] for b in balance["brokers"]} == {

@@ -246,7 +246,9 @@ def topics_describe(
                 f"    subscription {escape(sub)}: {figures.get('buffered_bytes')} bytes read "
                 f"ahead, {figures.get('dropped')} dropped (slow consumer)"
             )
-    console.print(f"  placement now: {placement.broker or '-'} — {escape(placement.reason)}")
+    # Served: the placement is what an unload would do; otherwise what the leader will do.
+    label = "if unloaded now" if info.owner is not None and info.marker is None else "placement now"
+    console.print(f"  {label}: {placement.broker or '-'} — {escape(placement.reason)}")
     table = Table("broker", "score", "verdict")
     for broker, score in sorted(placement.scores.items()):
         verdict = placement.rejected.get(

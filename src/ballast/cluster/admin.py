@@ -277,6 +277,7 @@ class AdminClient:
         if name not in view.topics and name not in view.owners and name not in view.markers:
             raise AdminError(f"topic {name} does not exist (create it with `topics create`)")
         info = self.topic_info(view, name, self.clock.now())
+        # Served and not moving: where an unload would put it (the owner ruled out).
         marker = info.marker or UnassignedMarker(
             MarkerReason.UNLOAD, from_broker=info.owner, ready=True
         )
@@ -288,6 +289,10 @@ class AdminClient:
             topic=name,
             pulsar=self.config.load_manager.pulsar,
         )
+        if info.marker is None and info.owner is not None:
+            rejected = dict(placement.rejected)
+            rejected[info.owner] = "[owner] serves it now (an unload moves it elsewhere)"
+            placement = replace(placement, rejected=rejected)
         meta = view.topics.get(name)
         stored = await stored_size(self.store, TopicName.parse(name))
         pressure = await self.store.get(keys.topic_pressure(name))
