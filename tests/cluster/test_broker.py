@@ -25,7 +25,7 @@ from ballast.model import (
     MarkerReason,
     UnassignedMarker,
 )
-from ballast.storage import SealedState
+from ballast.storage import Handoff, SealedState
 from tests.cluster.helpers import fast_config, host_mismatch, hosts_match, wait_settled, wait_until
 from tests.storage.helpers import eventually
 
@@ -270,10 +270,10 @@ class _SlowSeal(SyntheticHost):
         self.sealing = asyncio.Event()
         self.finish = asyncio.Event()
 
-    async def unload(self, topic: str) -> SealedState | None:
+    async def unload(self, topic: str, handoff: Handoff | None = None) -> SealedState | None:
         self.sealing.set()
         await self.finish.wait()
-        return await super().unload(topic)
+        return await super().unload(topic, handoff)
 
 
 class _CountingStore(MemoryStore):

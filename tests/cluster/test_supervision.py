@@ -36,10 +36,10 @@ class FlakyHost(SyntheticHost):
             raise OSError(f"disk full while loading {topic}")
         await super().load(topic, marker)
 
-    async def unload(self, topic: str) -> Any:
+    async def unload(self, topic: str, handoff: Any = None) -> Any:
         if topic in self.stuck:
             raise RuntimeError(f"seal of {topic} failed")
-        return await super().unload(topic)
+        return await super().unload(topic, handoff)
 
 
 class FlakyStore(MemoryStore):

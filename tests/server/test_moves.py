@@ -13,6 +13,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from ballast.cluster import AdminClient
+from ballast.metadata import keys
 from ballast.metadata.etcd import EtcdStore
 from tests.server.helpers import (
     DataCluster,
@@ -238,6 +239,36 @@ async def test_close_handshake_without_relay_moves_the_consumer_with_no_reopen_s
         await consumer.ack(message)
         await consumer.close()
         await producer.close()
+
+
+async def test_a_move_makes_its_marker_ready_in_the_seals_own_write(
+    cluster: DataCluster,
+) -> None:
+    """The old owner writes the sealed state and the ready marker in one transaction: the
+    leader learns the topic can move from the seal itself (one round trip sooner)."""
+    await cluster.start_broker("b2")
+    topic = "/default/handoff"
+    client = await new_client(cluster.brokers["b1"].url)
+    producer = await reliable_producer(client, topic)
+    await producer.send(b"0")
+    source = await cluster.wait_served(topic)
+    start = (await cluster.store.get_prefix(keys.unassigned(topic))).revision + 1
+    await AdminClient(cluster.store).unload_topic(topic)
+    await cluster.wait_moved(topic, source)
+    sealed_at: int | None = None
+    ready_at: int | None = None
+    watch = cluster.store.watch_prefix("/", start)
+    async with asyncio.timeout(10):
+        async for event in watch:
+            if event.key == keys.storage_state(topic) and (event.value or {}).get("sealed"):
+                sealed_at = event.revision
+            if event.key == keys.unassigned(topic) and (event.value or {}).get("ready"):
+                ready_at = event.revision
+            if sealed_at is not None and ready_at is not None:
+                break
+    await watch.aclose()
+    assert sealed_at == ready_at
+    await producer.close()
 
 
 async def test_a_broker_stopped_while_a_topic_seals_finishes_the_seal(

@@ -19,7 +19,13 @@ import pytest
 
 from ballast.clock import FakeClock
 from ballast.metadata import MemoryStore, keys
-from ballast.metadata.store import MetadataUnavailableError, OutcomeUnknownError
+from ballast.metadata.store import (
+    Compare,
+    MetadataUnavailableError,
+    OutcomeUnknownError,
+    Put,
+    TxnOp,
+)
 from ballast.storage import (
     DurabilityTimeoutError,
     FsspecObjectStore,
@@ -443,3 +449,52 @@ async def test_a_crash_between_the_object_write_and_its_commit_acknowledges_noth
     async with make_topic("b", tmp_path, **kw) as b:
         assert b.opened.gap == (5, reservation)  # offset 5 was never acknowledged
         assert await read_all(b) == list(range(5))  # the orphan is never read
+
+
+class KeyHandoff:
+    """A `Handoff` that puts `key` if it is still at `revision` (0: absent)."""
+
+    def __init__(self, key: str, revision: int) -> None:
+        self.key, self.revision = key, revision
+        self.calls = 0
+
+    async def writes(self) -> tuple[list[Compare], list[TxnOp]]:
+        return [Compare.mod_revision_equals(self.key, self.revision)], [Put(self.key, "ready")]
+
+    def written(self) -> None:
+        self.calls += 1
+
+
+async def test_a_seal_writes_its_handoff_in_the_same_transaction_only_while_it_holds(
+    tmp_path: Path, kw: dict[str, Any], metadata: MemoryStore
+) -> None:
+    marker = "/cluster/unassigned/default/reliable_topic"
+    await metadata.put(marker, "waiting")
+    kv = await metadata.get(marker)
+    assert kv is not None
+    async with make_topic("a", tmp_path, **kw) as a:
+        await append_range(a, 0, 3)
+        handoff = KeyHandoff(marker, kv.mod_revision)
+        await a.seal(handoff)
+    state, ready = await metadata.get(keys.storage_state(TOPIC)), await metadata.get(marker)
+    assert state is not None and ready is not None and ready.value == "ready"
+    assert state.mod_revision == ready.mod_revision and handoff.calls == 1  # one write
+    # A condition that no longer holds: the state is sealed alone, the handoff left.
+    async with make_topic("b", tmp_path, **kw) as b:
+        await append_range(b, 3, 5)
+        stale = KeyHandoff(marker, kv.mod_revision)
+        sealed = await b.seal(stale)
+    assert sealed.last_committed_offset == 4 and stale.calls == 0
+    assert (await state_of(metadata)).sealed
+    after = await metadata.get(marker)
+    assert after is not None and after.mod_revision == ready.mod_revision
+    # A deposed owner writes neither.
+    c = make_topic("c", tmp_path, **kw)
+    await c.open()
+    async with make_topic("d", tmp_path, **kw):
+        fenced = KeyHandoff(marker, after.mod_revision)
+        with pytest.raises(TopicFencedError):
+            await c.seal(fenced)
+    assert fenced.calls == 0
+    final = await metadata.get(marker)
+    assert final is not None and final.mod_revision == after.mod_revision

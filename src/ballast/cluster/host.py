@@ -18,6 +18,7 @@ from typing import Protocol
 from ballast.clock import Clock
 from ballast.cluster.resources import ResourceUsage
 from ballast.model import BrokerId, TopicLoad, UnassignedMarker
+from ballast.storage.reservation import Handoff
 from ballast.storage.seal import SealedState
 
 
@@ -28,8 +29,10 @@ class TopicHost(Protocol):
         """Start serving `topic`; `marker` says why it came here (None: unknown)."""
         ...
 
-    async def unload(self, topic: str) -> SealedState | None:
-        """Stop serving `topic`, sealing it; None if there was nothing to seal.
+    async def unload(self, topic: str, handoff: Handoff | None = None) -> SealedState | None:
+        """Stop serving `topic`, sealing it; None if there was nothing to seal. `handoff`'s
+        writes go in the sealed state's transaction if the seal can take them (it then
+        calls `handoff.written()`); otherwise the caller makes them itself.
 
         Raises `ballast.storage.SealError` when the topic was handed over unsealed (it is
         not served here any more; its acknowledged messages are in object storage).
@@ -151,7 +154,7 @@ class SyntheticHost:
         self.topics[topic] = marker
         self.events.append(("load", topic))
 
-    async def unload(self, topic: str) -> SealedState | None:
+    async def unload(self, topic: str, handoff: Handoff | None = None) -> SealedState | None:
         if topic not in self.topics:
             return None
         del self.topics[topic]

@@ -25,7 +25,7 @@ from ballast.model import BrokerId, TopicLoad, UnassignedMarker, topic_namespace
 from ballast.server import DataPlaneHost, DataPlaneServer
 from ballast.server.directory import DEFAULT_NAMESPACE
 from ballast.server.topics import ReliableServedTopic
-from ballast.storage import SealedState
+from ballast.storage import Handoff, SealedState
 
 __all__ = ["LiveCluster", "MixedHost"]
 
@@ -47,10 +47,10 @@ class MixedHost:
         host = self.data if self._is_real(topic) else self.synthetic
         await host.load(topic, marker)
 
-    async def unload(self, topic: str) -> SealedState | None:
+    async def unload(self, topic: str, handoff: Handoff | None = None) -> SealedState | None:
         if self._is_real(topic):
-            return await self.data.unload(topic)
-        return await self.synthetic.unload(topic)
+            return await self.data.unload(topic, handoff)
+        return await self.synthetic.unload(topic, handoff)
 
     def metrics(self) -> list[TopicLoad]:
         return [*self.synthetic.metrics(), *self.data.metrics()]

@@ -46,6 +46,7 @@ from ballast.storage import (
     AckMode,
     FsspecObjectStore,
     FsyncPolicy,
+    Handoff,
     ObjectStore,
     ReliableTopic,
     SealedState,
@@ -277,8 +278,9 @@ class DataPlaneHost:
         except Exception as exc:  # the metadata store is down: the leader fails it over later
             log.error("%s: could not release %s: %s", self.broker_id, topic, exc)
 
-    async def unload(self, topic: str) -> SealedState | None:
-        """Stop serving `topic`: drop its producers, start the consumers' handshake, seal.
+    async def unload(self, topic: str, handoff: Handoff | None = None) -> SealedState | None:
+        """Stop serving `topic`: drop its producers, start the consumers' handshake, seal
+        (`handoff`: written with the sealed state, see `ReliableTopic.seal`).
 
         Raises `SealError` if the topic could not be sealed and was handed over unsealed
         (it is not served here any more either way).
@@ -300,7 +302,7 @@ class DataPlaneHost:
             self._later(self.settings.close_handshake_seconds, self._forget_consumer, consumer)
         unsealed: SealError | None = None
         try:
-            sealed = await served.leave()
+            sealed = await served.leave(handoff)
         except SealError as exc:
             # Handed over unsealed: everything acknowledged is in object storage already.
             unsealed, sealed = exc, None

@@ -28,6 +28,7 @@ from ballast.server.errors import not_served
 from ballast.server.protocol import pb
 from ballast.storage import (
     DurabilityTimeoutError,
+    Handoff,
     ReliableTopic,
     ReservationError,
     SealedState,
@@ -172,19 +173,20 @@ class ServedTopic(abc.ABC):
 
     # -- leaving -------------------------------------------------------------------------
 
-    async def leave(self) -> SealedState | None:
-        """Stop serving: refuse producers, start the consumers' close handshake, seal."""
+    async def leave(self, handoff: Handoff | None = None) -> SealedState | None:
+        """Stop serving: refuse producers, start the consumers' close handshake, seal
+        (`handoff`: written with the sealed state, see `ReliableTopic.seal`)."""
         self.state = TopicState.CLOSING
         for dispatcher in self.subscriptions.values():
             dispatcher.close()
             for consumer in dispatcher.consumers.values():
                 consumer.closing = True
         try:
-            return await self._seal()
+            return await self._seal(handoff)
         finally:
             self.state = TopicState.CLOSED
 
-    async def _seal(self) -> SealedState | None:
+    async def _seal(self, handoff: Handoff | None) -> SealedState | None:
         return None
 
     # -- figures -------------------------------------------------------------------------
@@ -417,7 +419,7 @@ class ReliableServedTopic(ServedTopic):
             await self.storage.unsubscribe(name)
         return True
 
-    async def _seal(self) -> SealedState | None:
+    async def _seal(self, handoff: Handoff | None) -> SealedState | None:
         """Seal within `SEAL_WAIT_SECONDS`; otherwise hand the topic over unsealed.
 
         Raises `SealError` when the seal did not happen (object or metadata store down):
@@ -429,7 +431,7 @@ class ReliableServedTopic(ServedTopic):
         self._readers.clear()
         try:
             async with asyncio.timeout(SEAL_WAIT_SECONDS):
-                return await self.storage.seal()
+                return await self.storage.seal(handoff)
         except TopicFencedError as exc:
             # Another broker claimed the topic (we lost our session): nothing to seal.
             log.warning("topic %s: not sealed: %s", self.name, exc)

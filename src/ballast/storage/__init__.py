@@ -32,7 +32,7 @@ from ballast.storage.objects import (
 )
 from ballast.storage.pacing import WritePacer
 from ballast.storage.reader import Tier, TieredRecord, read_tiered
-from ballast.storage.reservation import ReservationError, TopicClaim
+from ballast.storage.reservation import Handoff, ReservationError, TopicClaim
 from ballast.storage.seal import Gap, SealedState, StartDecision, StartSource, choose_start
 from ballast.storage.shared import ObjectStoreMismatchError, verify_shared_object_store
 from ballast.storage.stats import StorageStats
@@ -66,6 +66,7 @@ __all__ = [
     "FsspecObjectStore",
     "FsyncPolicy",
     "Gap",
+    "Handoff",
     "InitialPosition",
     "Message",
     "ObjectBuilder",

@@ -31,7 +31,7 @@ import logging
 import math
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 from ballast.clock import Clock
 from ballast.metadata import keys
@@ -41,7 +41,7 @@ from ballast.storage.config import StorageConfig
 from ballast.storage.seal import SealedState, StateError
 from ballast.storage.stats import StorageStats
 
-__all__ = ["ReservationError", "TopicClaim", "TopicFencedError"]
+__all__ = ["Handoff", "ReservationError", "TopicClaim", "TopicFencedError"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,19 @@ class TopicFencedError(RuntimeError):
 
 class ReservationError(RuntimeError):
     """The offset reservation could not be extended (metadata store failure); retryable."""
+
+
+class Handoff(Protocol):
+    """What a seal may write in the sealed state's own transaction: a move's marker made
+    ready, so the next owner is chosen without another round trip after the seal."""
+
+    async def writes(self) -> tuple[Sequence[Compare], Sequence[TxnOp]] | None:
+        """The conditions and the writes, or None (nothing to hand off: seal alone)."""
+        ...
+
+    def written(self) -> None:
+        """Called once they were written with the sealed state."""
+        ...
 
 
 class TopicClaim:
@@ -268,14 +281,22 @@ class TopicClaim:
             self._fence()
             raise self._fenced_error()
 
-    async def write_sealed(self, sealed: SealedState) -> bool:
+    async def write_sealed(self, sealed: SealedState, handoff: Handoff | None = None) -> bool:
         """Write the sealed state if this claim is still in place; False if fenced.
 
+        With `handoff`, its writes go in the same transaction if its conditions hold;
+        if they do not (or the claim was lost), the state is written alone (or not).
         Exceptions of the metadata store propagate (the seal fails, the topic stays open).
         """
         async with self._lock:
             if self._fenced:
                 return False
+            along = await handoff.writes() if handoff is not None else None
+            if along is not None and await self._write(sealed, along[1], along[0]):
+                assert handoff is not None
+                self._done = True
+                handoff.written()
+                return True
             written = await self._write(sealed)
             if written:
                 self._done = True
@@ -331,8 +352,11 @@ class TopicClaim:
             self._stats.reservation_extensions += 1
             log.debug("%s: offsets reserved through %d", self._name, target)
 
-    async def _write(self, state: SealedState, extra: Sequence[TxnOp] = ()) -> bool:
-        """Put `state` (and `extra`) if the key is at this owner's last revision; False if not.
+    async def _write(
+        self, state: SealedState, extra: Sequence[TxnOp] = (), also: Sequence[Compare] = ()
+    ) -> bool:
+        """Put `state` (and `extra`) if the key is at this owner's last revision (and the
+        `also` conditions hold); False if not.
 
         A write whose reply was lost may still have been applied: if the key now holds
         exactly such a write of ours, it is adopted and the put is tried again. (A sealed
@@ -341,7 +365,7 @@ class TopicClaim:
         """
         try:
             txn = await self._metadata.txn(
-                [Compare.mod_revision_equals(self.key, self._revision)],
+                [Compare.mod_revision_equals(self.key, self._revision), *also],
                 [Put(self.key, state.to_dict()), *extra],
             )
         except BaseException:
@@ -361,7 +385,7 @@ class TopicClaim:
         if found in self._uncertain:
             self._state, self._revision = found, current.mod_revision
             self._uncertain.clear()
-            return await self._write(state, extra)
+            return await self._write(state, extra, also)
         if (
             state.sealed
             and found.sealed

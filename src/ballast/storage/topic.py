@@ -38,7 +38,7 @@ from ballast.storage.cursor import SubscriptionCursors
 from ballast.storage.objects import ObjectStore
 from ballast.storage.pacing import WritePacer
 from ballast.storage.reader import TieredRecord, read_tiered
-from ballast.storage.reservation import TopicClaim, TopicFencedError
+from ballast.storage.reservation import Handoff, TopicClaim, TopicFencedError
 from ballast.storage.seal import (
     Gap,
     SealedState,
@@ -363,8 +363,9 @@ class ReliableTopic:
         if stack is not None:
             await stack.aclose()
 
-    async def seal(self) -> SealedState:
-        """Hand the topic over: everything durable in object storage, sealed state written.
+    async def seal(self, handoff: Handoff | None = None) -> SealedState:
+        """Hand the topic over: everything durable in object storage, sealed state written
+        (with `handoff`'s writes in the same transaction, when their conditions hold).
 
         On failure (object storage unreachable, cancelled) the topic stays open and
         serving; the caller may retry. If another broker has claimed the topic, raises
@@ -386,7 +387,7 @@ class ReliableTopic:
             await self._cursors.flush()
             sealed = SealedState(True, last, self.broker_id, self._clock.now(), gaps=self._gaps)
             assert self._claim is not None
-            written = await self._claim.write_sealed(sealed)
+            written = await self._claim.write_sealed(sealed, handoff)
         except TopicFencedError:
             written = False
         except BaseException:
