@@ -13,10 +13,10 @@ import pytest
 
 from ballast.clock import FakeClock
 from ballast.metadata import MemoryStore, keys
-from ballast.metadata.store import KeyValue, MetadataUnavailableError
+from ballast.metadata.store import KeyValue, Listing, MetadataUnavailableError
 from ballast.model import TopicName
 from ballast.server import host as host_module
-from ballast.server.host import DataPlaneHost
+from ballast.server.host import DISPATCH_KEY, RELIABLE, DataPlaneHost
 from ballast.server.protocol import pb
 from ballast.server.service import DataPlaneService
 from tests.server.helpers import data_config
@@ -92,12 +92,17 @@ class SlowStore(MemoryStore):
         self.gate = asyncio.Event()
         self.gate.set()
         self.reads: list[str] = []
+        self.listed: list[str] = []
 
     async def get(self, key: str) -> KeyValue | None:
         self.reads.append(key)
         if self.gates(key):
             await self.gate.wait()
         return await super().get(key)
+
+    async def get_prefix(self, prefix: str) -> Listing:
+        self.listed.append(prefix)
+        return await super().get_prefix(prefix)
 
 
 async def test_a_create_for_a_topic_being_opened_waits_for_the_opening(
@@ -127,6 +132,29 @@ async def test_a_create_for_a_topic_being_opened_waits_for_the_opening(
         assert await host.serving("/default/u") is None
         store.gate.set()
         await eventually(lambda: "/default/u" in host.topics)
+    finally:
+        store.gate.set()
+        await host.stop()
+
+
+async def test_a_reliable_topics_storage_is_listed_while_its_metadata_is_read(
+    tmp_path: Path,
+) -> None:
+    """Opening (a move's new owner) reads the topic's metadata and its storage listing at
+    once: the open does not wait one more round trip after learning the topic is reliable."""
+    name = TopicName.parse("/default/r")
+    store = SlowStore(gates=lambda key: key == keys.topic_meta(name))
+    host = DataPlaneHost("b1", store, FakeClock(), data_config(tmp_path))
+    await host.start()
+    try:
+        await host.directory.create_topic(name, {DISPATCH_KEY: RELIABLE})
+        store.gate.clear()
+        await host.load(str(name), None)
+        await eventually(lambda: keys.storage_topic_prefix(name) in store.listed)
+        assert not host.topics  # its metadata is still being read
+        store.gate.set()
+        await eventually(lambda: str(name) in host.topics)
+        assert host.topics[str(name)].reliable
     finally:
         store.gate.set()
         await host.stop()

@@ -22,10 +22,10 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from ballast.aio import TaskOwner
+from ballast.aio import TaskOwner, cancel_and_wait
 from ballast.clock import Clock
 from ballast.config import BallastConfig
-from ballast.metadata import MetadataStore, keys
+from ballast.metadata import Listing, MetadataStore, keys
 from ballast.model import TopicLoad, TopicName, UnassignedMarker
 from ballast.server.budgets import ByteBudgets
 from ballast.server.cluster_calls import ClusterDialer
@@ -205,6 +205,24 @@ class DataPlaneHost:
             return
         self._failed_loads.pop(topic, None)
         name = TopicName.parse(topic)
+        # Read with the metadata: a reliable topic's open needs it (for another topic it
+        # is one wasted read of an empty prefix); one round trip less on a move's path.
+        listing = asyncio.ensure_future(self.store.get_prefix(keys.storage_topic_prefix(name)))
+        try:
+            await self._start_serving(topic, name, marker, listing)
+        finally:
+            if not listing.done():
+                await cancel_and_wait(listing)
+            elif not listing.cancelled():
+                listing.exception()  # retrieved: the open reported it, or did not need it
+
+    async def _start_serving(
+        self,
+        topic: str,
+        name: TopicName,
+        marker: UnassignedMarker | None,
+        listing: asyncio.Future[Listing],
+    ) -> None:
         meta = await self.directory.meta(name) or {}
         now = self.clock.now()
         window, buffer = self.settings.unacked_window, self.settings.non_reliable_queue
@@ -222,7 +240,7 @@ class DataPlaneHost:
                 pacer=self.pacer,
             )
             try:
-                opened = await storage.open()
+                opened = await storage.open(listing)
             except Exception as exc:
                 self.counters.load_failures.inc()
                 self._failed_loads[topic] = marker

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -29,7 +29,7 @@ from typing import Self
 from ballast.aio import both
 from ballast.clock import Clock, SystemClock
 from ballast.metadata import keys
-from ballast.metadata.store import MetadataStore
+from ballast.metadata.store import Listing, MetadataStore
 from ballast.model import TopicName
 from ballast.storage.catalog import load_catalog
 from ballast.storage.codec import Headers, Message
@@ -201,12 +201,14 @@ class ReliableTopic:
         if self._status is TopicStatus.OPEN:
             await self.close()
 
-    async def open(self) -> OpenResult:
-        """Recover local state, choose the next offset, start the services."""
+    async def open(self, listing: Awaitable[Listing] | None = None) -> OpenResult:
+        """Recover local state, choose the next offset, start the services. `listing`: the
+        topic's storage prefix (`keys.storage_topic_prefix`) as the caller reads it already
+        (with other things it needs first); by default it is read here."""
         self._transition("open")
         stack = contextlib.AsyncExitStack()
         try:
-            result = await self._open(stack)
+            result = await self._open(stack, listing)
         except BaseException:
             try:
                 await stack.aclose()
@@ -218,7 +220,9 @@ class ReliableTopic:
         self._transition("opened")
         return result
 
-    async def _open(self, stack: contextlib.AsyncExitStack) -> OpenResult:
+    async def _open(
+        self, stack: contextlib.AsyncExitStack, listed: Awaitable[Listing] | None
+    ) -> OpenResult:
         wal = WriteAheadLog(
             self.directory,
             clock=self._clock,
@@ -229,9 +233,9 @@ class ReliableTopic:
         # The state and the catalog in one listing (one revision), while the WAL recovers:
         # opening is on a move's path (a retry must not recover the directory while this
         # recovery still runs: `both` waits for both).
-        listing, recovery = await both(
-            self._metadata.get_prefix(keys.storage_topic_prefix(self.topic)), wal.recover()
-        )
+        if listed is None:
+            listed = self._metadata.get_prefix(keys.storage_topic_prefix(self.topic))
+        listing, recovery = await both(listed, wal.recover())
         state_key = keys.storage_state(self.topic)
         for undecodable in listing.undecodable:
             if undecodable.key == state_key:
