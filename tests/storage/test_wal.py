@@ -32,12 +32,14 @@ async def opened(
     config: StorageConfig,
     next_offset: int | None = None,
     stats: StorageStats | None = None,
+    *,
+    allow_gap: bool = False,
 ) -> tuple[WriteAheadLog, WalRecovery]:
     wal = WriteAheadLog(directory, clock=clock, config=config, stats=stats)
     recovery = await wal.recover()
     if next_offset is None:
         next_offset = 0 if recovery.last_offset is None else recovery.last_offset + 1
-    await wal.open(next_offset)
+    await wal.open(next_offset, allow_gap=allow_gap)
     return wal, recovery
 
 
@@ -390,9 +392,7 @@ async def test_a_jump_without_its_marker_is_still_a_lost_segment(
     wal, _ = await opened(directory, clock, config)
     async with wal:
         await fill(wal, 0, 10)
-    wal2 = WriteAheadLog(directory, clock=clock, config=config)
-    await wal2.recover()
-    await wal2.open(50, allow_gap=True)
+    wal2, _ = await opened(directory, clock, config, 50, allow_gap=True)
     async with wal2:
         await fill(wal2, 50, 5)
     for marker in directory.glob("*.gap"):
@@ -411,9 +411,7 @@ async def test_a_segment_started_before_the_first_append_takes_it_and_a_crash_le
     wal, _ = await opened(directory, clock, config)
     async with wal:
         await fill(wal, 0, 10)
-    wal2 = WriteAheadLog(directory, clock=clock, config=config)
-    await wal2.recover()
-    await wal2.open(50, allow_gap=True)
+    wal2, _ = await opened(directory, clock, config, 50, allow_gap=True)
     await wal2.start_segment()
     assert [p.name for p in segment_files(directory)] == [f"{0:020d}.wal", f"{50:020d}.wal"]
     assert [p.name for p in directory.glob("*.gap")] == [f"{10:020d}-{49:020d}.gap"]
@@ -425,9 +423,7 @@ async def test_a_segment_started_before_the_first_append_takes_it_and_a_crash_le
     assert recovery.clean and recovery.last_offset == 9
     assert [p.name for p in segment_files(directory)] == [f"{0:020d}.wal"]
     await wal3.close_files()
-    wal4 = WriteAheadLog(directory, clock=clock, config=config)
-    await wal4.recover()
-    await wal4.open(50, allow_gap=True)
+    wal4, _ = await opened(directory, clock, config, 50, allow_gap=True)
     await wal4.start_segment()
     async with wal4:
         assert await fill(wal4, 50, 3) == [50, 51, 52]
