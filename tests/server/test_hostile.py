@@ -350,6 +350,11 @@ async def test_a_subscription_that_never_reads_costs_bounded_memory(
     assert shown.exit_code == 0, shown.output
     assert f"subscription never: {never.buffered_bytes} bytes read ahead" in shown.output
     assert f"{never.dropped} dropped" in shown.output
+    # A previous owner's figures (the topic moved since) are not shown as the topic's.
+    stale = {"broker": "gone", "held_bytes": 7, "topic_budget_bytes": 9, "refused_sends": 0}
+    await broker.host.store.put(keys.topic_pressure(topic), stale)
+    shown = await asyncio.to_thread(CliRunner().invoke, app, describe)
+    assert shown.exit_code == 0 and "backpressure" not in shown.output, shown.output
 
 
 async def test_a_producer_flood_against_a_full_budget_gets_resource_exhausted(

@@ -295,13 +295,16 @@ class AdminClient:
             placement = replace(placement, rejected=rejected)
         meta = view.topics.get(name)
         stored = await stored_size(self.store, TopicName.parse(name))
-        pressure = await self.store.get(keys.topic_pressure(name))
+        kv = await self.store.get(keys.topic_pressure(name))
+        pressure = kv.value if kv is not None and isinstance(kv.value, dict) else None
+        if pressure is not None and pressure.get("broker") != info.owner:
+            pressure = None  # a previous owner's figures: the topic moved since
         return TopicDetail(
             info,
             meta.to_dict() if meta is not None else {},
             placement,
             stored if stored.objects or stored.descriptor_keys else None,
-            pressure.value if pressure is not None and isinstance(pressure.value, dict) else None,
+            pressure,
         )
 
     async def balance(self) -> BalanceReport:
