@@ -168,12 +168,12 @@ class _Context:
         return ()
 
 
-async def test_a_producer_created_while_its_topic_opens_reads_the_schema_binding_meanwhile(
+async def test_a_producer_created_while_its_topic_opens_reads_what_it_checks_meanwhile(
     tmp_path: Path,
 ) -> None:
     """A move's new owner is asked to create the producer before it serves the topic: the
-    topic's schema binding is read during that wait, so the first (held) send after the
-    move does not pay the read."""
+    topic's schema binding and the namespace's quotas are read during that wait, so
+    neither the create nor the first (held) send after the move pays a read."""
     # The topic's records wait (its opening waits), its schema binding does not.
     store = SlowStore(
         lambda key: key.startswith(keys.TOPICS_PREFIX) and not key.endswith("/schema")
@@ -183,15 +183,18 @@ async def test_a_producer_created_while_its_topic_opens_reads_the_schema_binding
     await host.start()
     service = DataPlaneService(host, config, "127.0.0.1:6650")
     schema_key = keys.topic_schema(TopicName.parse("/default/t"))
+    quota_key = keys.quota_policy("default")
     try:
         store.gate.clear()
         await host.load("/default/t", None)
         request = pb.ProducerRequest(request_id=1, topic_name="/default/t", producer_name="p")
         creating = asyncio.ensure_future(service.CreateProducer(request, _Context()))
-        await eventually(lambda: schema_key in store.reads)
+        await eventually(lambda: {schema_key, quota_key} <= set(store.reads))
         assert not creating.done()  # still waiting for the opening
+        reads = len(store.reads)
         store.gate.set()
         answer = await asyncio.wait_for(creating, 5)
+        assert quota_key not in store.reads[reads:]  # the create found them read already
         reads = len(store.reads)
         message = pb.StreamMessage(request_id=2, payload=b"x")
         message.msg_id.producer_id = answer.producer_id

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 import grpc
@@ -84,6 +84,13 @@ def _owned(binding: Binding | None, needed: tuple[Permission, ...], what: str) -
 
 _PRODUCE = (Permission.PRODUCE,)
 _CONSUME = (Permission.CONSUME,)
+
+
+async def _warm_up(read: Awaitable[Any]) -> None:
+    """A read that fills a cache ahead of its use: whatever fails here is read again where
+    it is needed, and reported there."""
+    with contextlib.suppress(Exception):
+        await read
 
 
 class DataPlaneService(
@@ -175,10 +182,13 @@ class DataPlaneService(
                 "(0 = NonReliable, 1 = Reliable)",
                 "bad_dispatch_strategy",
             )
-        # The first send checks the topic's schema binding: read it while the topic opens
-        # (a move's new owner is asked before it serves), not on that send's path.
-        served, _ = await asyncio.gather(
-            self.host.serving(str(topic)), self._read_schema_binding(str(topic))
+        # Read what the create and the first send check while the topic opens (a move's
+        # new owner is asked before it serves), not on their path: the schema binding and
+        # the namespace's quotas.
+        served, *_ = await asyncio.gather(
+            self.host.serving(str(topic)),
+            _warm_up(self.schemas.binding(str(topic))),
+            _warm_up(self.quotas.get(topic.namespace)),
         )
         if served is None or not served.accepting:
             await self._not_here(topic, strategy, create=True)
@@ -200,11 +210,6 @@ class DataPlaneService(
         return pb.ProducerResponse(
             request_id=request.request_id, producer_id=entry.id, producer_name=entry.name
         )
-
-    async def _read_schema_binding(self, topic: str) -> None:
-        # Only a warm-up: whatever fails here, the first send reads again and reports.
-        with contextlib.suppress(Exception):
-            await self.schemas.binding(topic)
 
     @staticmethod
     def _check_strategy(topic: TopicName, topic_strategy: str, requested: str) -> None:
