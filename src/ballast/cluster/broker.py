@@ -47,12 +47,11 @@ from ballast.metadata import (
     Listing,
     MetadataError,
     MetadataStore,
-    Put,
     WatchEvent,
     keys,
 )
 from ballast.metadata.records import Registration
-from ballast.metadata.store import TxnOp
+from ballast.metadata.store import TxnOp, swap
 from ballast.model import (
     BrokerId,
     BrokerMode,
@@ -90,7 +89,7 @@ class MarkerHandoff:
             return None  # `_mark_ready` reports it
         if value is None:
             return None
-        return [Compare.mod_revision_equals(kv.key, kv.mod_revision)], [Put(kv.key, value)]
+        return swap(kv.key, kv.mod_revision, value)  # what `_mark_ready` writes, with the seal
 
     def written(self) -> None:
         self.done = True

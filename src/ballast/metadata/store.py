@@ -315,6 +315,11 @@ class Lease:
 TxnOp = Put | Delete
 
 
+def swap(key: str, expected_mod_revision: int, value: Any) -> tuple[list[Compare], list[TxnOp]]:
+    """A compare-and-swap as a transaction's parts (to write it with other things)."""
+    return [Compare.mod_revision_equals(key, expected_mod_revision)], [Put(key, value)]
+
+
 class _End:
     """Queue sentinel: the watch has ended (closed, compacted, or the store closed)."""
 
@@ -496,9 +501,7 @@ class TxnHelpers:
         self: _StoreCore, key: str, expected_mod_revision: int, value: Any
     ) -> bool:
         """Write `key` only if its mod_revision is `expected_mod_revision`."""
-        result = await self.txn(
-            [Compare.mod_revision_equals(key, expected_mod_revision)], [Put(key, value)]
-        )
+        result = await self.txn(*swap(key, expected_mod_revision, value))
         return result.succeeded
 
     async def compare_and_delete(self: _StoreCore, key: str, expected_mod_revision: int) -> bool:

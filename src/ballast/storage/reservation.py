@@ -292,11 +292,13 @@ class TopicClaim:
             if self._fenced:
                 return False
             along = await handoff.writes() if handoff is not None else None
-            if along is not None and await self._write(sealed, along[1], along[0]):
-                assert handoff is not None
-                self._done = True
-                handoff.written()
-                return True
+            if along is not None:
+                compares, ops = along
+                if await self._write(sealed, ops, compares):
+                    assert handoff is not None
+                    self._done = True
+                    handoff.written()
+                    return True
             written = await self._write(sealed)
             if written:
                 self._done = True
