@@ -5,7 +5,8 @@ overhead can be read against what merely adding a Python gRPC hop costs on the s
 machine in the same run. It keeps no sessions, holds nothing across moves and checks
 nothing: lookups are answered by the broker with the relay put in as `connect_url`, every
 other call goes on unchanged as bytes — `--mode unary` one unary call per call,
-`--mode link` SendMessage on the gateway's send link (`ballast.server.link.SendLink`).
+`--mode link` SendMessage on the gateway's send link (`ballast.server.link.SendLink`, on
+the broker's TCP link port as the gateway's).
 
     python benchmarks/relay.py --broker 127.0.0.1:6650 [--mode link]
 """
@@ -32,7 +33,7 @@ _RECEIVE = "/danube.ConsumerService/ReceiveMessages"
 class Relay(grpc.GenericRpcHandler):
     def __init__(self, broker: str, mode: str) -> None:
         self.channel = grpc.aio.insecure_channel(broker)
-        self.link = SendLink(self.channel, broker) if mode == "link" else None
+        self.link = SendLink(self.channel, broker, tcp=True) if mode == "link" else None
         self.address = ""
         self._handlers: dict[str, Any] = {}
 

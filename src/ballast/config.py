@@ -260,6 +260,10 @@ class DataPlaneConfig(_Strict):
     max_request_bytes: int = Field(8 * MiB, ge=4 * MiB, le=64 * MiB)
     # Calls in progress at once (open consumer streams included); more: RESOURCE_EXHAUSTED.
     max_concurrent_rpcs: int = Field(10_000, gt=0)
+    # Gateways' batched sends and acks arrive on this TCP port of the broker_url's host
+    # (0: a free one; TLS as the gRPC port; each send still checked with its own token);
+    # null: none, gateways then use a stream on the gRPC port (more CPU per message).
+    link_port: int | None = Field(0, ge=0, le=65535)
     unacked_window: int = Field(1000, gt=0)  # delivered, not yet acked, per consumer
     # Bytes of messages held until stored (reliable: until in object storage), per topic
     # and per broker; a send over either is refused with RESOURCE_EXHAUSTED (the client

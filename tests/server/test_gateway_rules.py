@@ -319,6 +319,8 @@ async def test_the_gateway_exports_its_figures_to_prometheus() -> None:
         link = f'broker_url="{broker.url}",link="SendMessages"'
         assert samples[f"ballast_gateway_link_records_total{{{link}}}"] == 3
         assert 1 <= samples[f"ballast_gateway_link_frames_total{{{link}}}"] <= 3
+        # The fake broker has no link port: the link is a stream on its gRPC port.
+        assert samples[f"ballast_gateway_link_tcp{{{link}}}"] == 0
     # Stopped with the gateway: nothing listens there any more (the scrape's connection
     # may linger in TIME_WAIT, which SO_REUSEADDR allows; a listener it would not).
     with socket.socket() as s:

@@ -5,6 +5,8 @@ without the link served by unary calls, and the real client through a gateway.""
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,13 +14,14 @@ from typing import Any
 import grpc
 import pytest
 
-from ballast.config import parse_config
+from ballast.config import TlsSettings, parse_config
 from ballast.metadata.etcd import EtcdStore
 from ballast.server.auth import Permission
 from ballast.server.gateway import BrokerLinks, Gateway
 from ballast.server.link import (
     ACK_LINK_METHOD,
     LINK_METHOD,
+    TCP_PREAMBLE,
     LinkFrameError,
     SendLink,
     decode_records,
@@ -26,6 +29,7 @@ from ballast.server.link import (
     request_body,
 )
 from ballast.server.protocol import pb, pb_grpc
+from ballast.server.security import channel_credentials, client_ssl_context
 from tests.server.certs import make_pki
 from tests.server.helpers import DataBroker, DataCluster, data_config, new_client
 from tests.server.test_hostile import raw_producer
@@ -66,15 +70,19 @@ async def broker(etcd_store: EtcdStore, tmp_path: Path) -> AsyncIterator[DataBro
         yield await cluster.start_broker("l1")
 
 
-async def test_linked_sends_are_batched_and_each_answered_as_a_send(broker: DataBroker) -> None:
+@pytest.mark.parametrize("tcp", [False, True], ids=["grpc_stream", "tcp"])
+async def test_linked_sends_are_batched_and_each_answered_as_a_send(
+    broker: DataBroker, tcp: bool
+) -> None:
     async with grpc.aio.insecure_channel(broker.url) as channel:
         producer = await raw_producer(channel, TOPIC, pb.Reliable)
-        link = SendLink(channel, broker.url)
+        link = SendLink(channel, broker.url, tcp=tcp)
         try:
             good = [link.send(message(producer, b"m%d" % i), None, 10) for i in range(40)]
             replies = await asyncio.gather(*good)
             assert all(pb.MessageResponse.FromString(r).request_id == 1 for r in replies)
             assert link.sends == 40 and link.frames < 40, "concurrent sends share frames"
+            assert link.transport == ("tcp" if tcp else "grpc")
 
             # Refusals come back per send, with the code and words of a direct call, and
             # the link goes on serving.
@@ -112,16 +120,23 @@ async def test_a_malformed_frame_ends_the_link_with_invalid_argument(broker: Dat
     assert broker.host.counters.rejected_count("SendMessages", "malformed_request") == 1
 
 
+@pytest.mark.parametrize("tcp", [False, True], ids=["grpc_stream", "tcp"])
 async def test_each_linked_send_is_checked_against_its_own_token(
-    etcd_store: EtcdStore, tmp_path: Path
+    etcd_store: EtcdStore, tmp_path: Path, tcp: bool
 ) -> None:
     pki = make_pki(tmp_path / "pki")
-    config = secured_config(tmp_path / "data", pki)
+    config = secured_config(tmp_path / "data", pki, mtls=True)
+    gateway_tls = TlsSettings(
+        enabled=True,
+        cert_file=str(pki.client_cert),
+        key_file=str(pki.client_key),
+        ca_file=str(pki.ca),
+    )
     producer_token = token({"default": [Permission.PRODUCE]})
     reader_token = token({"default": [Permission.CONSUME]})
     async with DataCluster(etcd_store, config) as cluster:
         broker = await cluster.start_broker("s1")
-        credentials = grpc.ssl_channel_credentials(pki.ca.read_bytes())
+        credentials = channel_credentials(gateway_tls)
         async with grpc.aio.secure_channel(broker.url, credentials) as channel:
             create = channel.unary_unary("/danube.ProducerService/CreateProducer")
             request = pb.ProducerRequest(
@@ -136,9 +151,12 @@ async def test_each_linked_send_is_checked_against_its_own_token(
                     assert exc.code() is grpc.StatusCode.UNAVAILABLE, exc.details()
                     await asyncio.sleep(0.1)
             producer = pb.ProducerResponse.FromString(created).producer_id
-            link = SendLink(channel, broker.url)
+            link = SendLink(
+                channel, broker.url, tcp=tcp, ssl_context=client_ssl_context(gateway_tls)
+            )
             try:
                 await link.send(message(producer, b"ok"), producer_token, 10)
+                assert link.transport == ("tcp" if tcp else "grpc")
                 refusals: dict[str | None, Any] = {}
                 for who in (reader_token, None, "forged"):
                     with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -180,6 +198,92 @@ async def test_a_broker_without_the_link_gets_unary_calls() -> None:
     assert [pb.StreamMessage.FromString(m).payload for m in sent] == [b"first", b"second"]
 
 
+async def _closed_without_answer(port: int, data: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        writer.write_eof()  # as a gateway that goes
+        return await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+
+
+async def test_a_tcp_link_connection_that_breaks_the_framing_is_closed_and_counted(
+    broker: DataBroker,
+) -> None:
+    port = broker.server.link_port
+    assert port, "a broker listens for links by default"
+    counters = broker.host.counters
+    assert await _closed_without_answer(port, b"GET / HTTP/1.1\r\n\r\n") == b""
+    assert counters.rejected_count("SendMessages", "malformed_request") == 1
+    oversized = TCP_PREAMBLE + b"S" + struct.pack("<I", 9 * 1024 * 1024)  # above 8 MiB
+    assert await _closed_without_answer(port, oversized) == b""
+    assert counters.rejected_count("SendMessages", "malformed_request") == 2
+    cut = encode_record(1, request_body(None, b"x" * 10))[:-3]
+    assert (
+        await _closed_without_answer(port, TCP_PREAMBLE + b"A" + struct.pack("<I", len(cut)) + cut)
+        == b""
+    )
+    assert counters.rejected_count("Acks", "malformed_request") == 1
+    # A gateway that goes mid-frame is no malformed request.
+    assert await _closed_without_answer(port, TCP_PREAMBLE + b"S" + struct.pack("<I", 99)) == b""
+    assert counters.rejected_count("SendMessages", "malformed_request") == 2
+
+
+async def test_a_link_goes_on_the_grpc_stream_when_the_tcp_port_cannot_be_reached(
+    broker: DataBroker,
+) -> None:
+    assert broker.server.link is not None
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        broker.server.link.tcp_port = probe.getsockname()[1]
+    async with grpc.aio.insecure_channel(broker.url) as channel:
+        producer = await raw_producer(channel, TOPIC, pb.Reliable)
+        link = SendLink(channel, broker.url, tcp=True)
+        try:
+            assert await link.send(message(producer, b"m"), None, 10)
+            assert (link.transport, link.tcp) == ("grpc", False)
+        finally:
+            await link.close()
+    assert accepted(broker) == 1
+
+
+async def test_a_broker_without_a_link_port_gets_the_grpc_stream(
+    etcd_store: EtcdStore, tmp_path: Path
+) -> None:
+    config = data_config(tmp_path, data_plane={"link_port": None})
+    async with DataCluster(etcd_store, config) as cluster:
+        broker = await cluster.start_broker("n1")
+        assert broker.server.link_port == 0
+        async with grpc.aio.insecure_channel(broker.url) as channel:
+            producer = await raw_producer(channel, TOPIC, pb.Reliable)
+            link = SendLink(channel, broker.url, tcp=True)
+            try:
+                assert await link.send(message(producer, b"m"), None, 10)
+                assert link.transport == "grpc" and link.tcp, "nothing failed: none offered"
+            finally:
+                await link.close()
+
+
+async def test_a_stopped_broker_ends_its_tcp_links_and_sends_fail_as_on_a_lost_connection(
+    etcd_store: EtcdStore, tmp_path: Path
+) -> None:
+    async with DataCluster(etcd_store, data_config(tmp_path)) as cluster:
+        broker = await cluster.start_broker("t1")
+        async with grpc.aio.insecure_channel(broker.url) as channel:
+            producer = await raw_producer(channel, TOPIC, pb.Reliable)
+            link = SendLink(channel, broker.url, tcp=True)
+            try:
+                await link.send(message(producer, b"before"), None, 10)
+                assert link.transport == "tcp"
+                await cluster.stop_broker("t1")
+                with pytest.raises(grpc.aio.AioRpcError) as ended:
+                    await link.send(message(producer, b"after"), None, 10)
+                assert ended.value.code() is grpc.StatusCode.UNAVAILABLE
+            finally:
+                await link.close()
+
+
 @pytest.mark.parametrize("batch_sends", [True, False])
 async def test_the_client_through_a_gateway_sends_on_the_link_or_unary(
     etcd_store: EtcdStore, tmp_path: Path, batch_sends: bool
@@ -202,15 +306,19 @@ async def test_the_client_through_a_gateway_sends_on_the_link_or_unary(
         link = gateway.links.link(broker.url)
         if batch_sends:
             assert link is not None and link.sends == 100
+            assert link.transport == "tcp", "on the broker's link port"
         else:
             assert link is None
 
 
-async def test_acks_travel_on_their_own_link_and_move_the_cursor(broker: DataBroker) -> None:
+@pytest.mark.parametrize("tcp", [False, True], ids=["grpc_stream", "tcp"])
+async def test_acks_travel_on_their_own_link_and_move_the_cursor(
+    broker: DataBroker, tcp: bool
+) -> None:
     topic = "/default/acked"
     async with grpc.aio.insecure_channel(broker.url) as channel:
         producer = await raw_producer(channel, topic, pb.Reliable)
-        sends = SendLink(channel, broker.url)
+        sends = SendLink(channel, broker.url, tcp=tcp)
         consumers = pb_grpc.ConsumerServiceStub(channel)
         subscribed = await consumers.Subscribe(
             pb.ConsumerRequest(
@@ -224,7 +332,7 @@ async def test_acks_travel_on_their_own_link_and_move_the_cursor(broker: DataBro
         stream = consumers.ReceiveMessages(
             pb.ReceiveRequest(request_id=2, consumer_id=subscribed.consumer_id)
         )
-        acks = SendLink(channel, broker.url, ACK_LINK_METHOD)
+        acks = SendLink(channel, broker.url, ACK_LINK_METHOD, tcp=tcp)
         try:
             for i in range(5):
                 await sends.send(message(producer, b"m%d" % i, topic), None, 10)
@@ -246,6 +354,7 @@ async def test_acks_travel_on_their_own_link_and_move_the_cursor(broker: DataBro
                 10, 11, 12, 13, 14
             ]  # fmt: skip
             assert acks.sends == 5 and sends.sends == 5, "each kind on its own link"
+            assert acks.transport == sends.transport == ("tcp" if tcp else "grpc")
             dispatcher = broker.host.topics[topic].subscriptions["s"]
             assert dispatcher.cursor == max(offsets)
 

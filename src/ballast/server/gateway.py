@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,7 @@ from ballast.server.protocol import (
 )
 from ballast.server.security import (
     channel_credentials,
+    client_ssl_context,
     interceptors,
     server_credentials,
     token_authority,
@@ -232,9 +234,15 @@ class BrokerLinks:
     """One gRPC channel per broker URL, reused by every forwarded call; sends batched on
     one stream per broker (`SendLink`) unless `batch_sends` is off."""
 
-    def __init__(self, credentials: grpc.ChannelCredentials | None, batch_sends: bool) -> None:
+    def __init__(
+        self,
+        credentials: grpc.ChannelCredentials | None,
+        batch_sends: bool,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.credentials = credentials
         self.batch_sends = batch_sends
+        self.ssl_context = ssl_context  # for brokers' TCP link ports (TLS brokers)
         self.channels: dict[str, grpc.aio.Channel] = {}
         self._unary: dict[tuple[str, str], Any] = {}
         self._links: dict[tuple[str, str], SendLink] = {}  # (url, link method) -> link
@@ -264,7 +272,9 @@ class BrokerLinks:
         if self.batch_sends and linked is not None:
             link = self._links.get((url, linked))
             if link is None:
-                link = self._links[(url, linked)] = SendLink(self.channel(url), url, linked)
+                link = self._links[(url, linked)] = SendLink(
+                    self.channel(url), url, linked, tcp=True, ssl_context=self.ssl_context
+                )
         if link is not None and link.supported:
             try:
                 return await link.send(request, bearer_token(metadata), timeout)
@@ -396,7 +406,11 @@ class Gateway(Served, grpc.GenericRpcHandler):
         self.bind_host, self.bind_port = split_url(listen)
         self.url = ""
         self.advertise = ""
-        self.links = BrokerLinks(channel_credentials(config.tls), self.settings.batch_sends)
+        self.links = BrokerLinks(
+            channel_credentials(config.tls),
+            self.settings.batch_sends,
+            client_ssl_context(config.tls),
+        )
         self.table = OwnerTable(store, self.links.abandon)
         self.directory = Directory(store, SystemClock())
         self.sessions = SessionTable(_CACHE_IDS)

@@ -66,12 +66,19 @@ class GatewayCollector(Collector):
             "Frames they went in (records / frames: what batching saves)",
             labels=["broker_url", "link"],
         )
+        tcp = GaugeMetricFamily(
+            "ballast_gateway_link_tcp",
+            "1: the link goes on the broker's TCP link port; 0: on a stream of its gRPC port",
+            labels=["broker_url", "link"],
+        )
         for (url, method), link in sorted(gateway.links.links().items()):
             kind = method.rsplit("/", 1)[-1]
             records.add_metric([url, kind], link.sends)
             frames.add_metric([url, kind], link.frames)
+            tcp.add_metric([url, kind], 1 if link.transport == "tcp" else 0)
         yield records
         yield frames
+        yield tcp
 
 
 def serve_metrics(gateway: Gateway, host: str, port: int) -> WSGIServer:

@@ -13,6 +13,15 @@ their own (`ACK_LINK_METHOD`): a consumer acknowledges every message, and after 
 failover the gateway acknowledges again, on the new owner, each redelivery of what its
 client had acknowledged.
 
+The frames go on a plain TCP connection when the broker has a link port
+(`data_plane.link_port`; TLS there too when the broker serves TLS): a frame on a gRPC
+stream costs both ends about what a unary call does (measured: the broker's CPU per
+linked send about halves on TCP), and a gateway asks the port on the gRPC port
+(`WHERE_METHOD`) each time it opens a link. On TCP the connection starts with
+`TCP_PREAMBLE` and the kind (``S`` sends, ``A`` acks) and each frame is
+``<length: u32><frame>``. A broker without the port (or an older one) gets the gRPC
+stream, as does a gateway that cannot connect to it.
+
 A frame is a sequence of records ``<call id: u64><length: u32><body>``; a request body is
 ``<token length: u16><token><StreamMessage | AckRequest>``, a reply body ``<status: u8>
 <MessageResponse | AckResponse, or the refusal's details>``. A send larger than
@@ -27,6 +36,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import ssl
 import struct
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -39,7 +49,17 @@ from google.protobuf.message import DecodeError
 from ballast.server.auth import CALLER, AuthError, TokenAuthority, authorize_call
 from ballast.server.protocol import pb
 
-__all__ = ["ACK_LINK_METHOD", "BATCH_BYTES", "LINK_METHOD", "LinkService", "SendLink", "rpc_error"]
+__all__ = [
+    "ACK_LINK_METHOD",
+    "BATCH_BYTES",
+    "LINK_METHOD",
+    "TCP_PREAMBLE",
+    "WHERE_METHOD",
+    "LinkService",
+    "SendLink",
+    "rpc_error",
+    "tcp_frames",
+]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +68,14 @@ ACK_LINK_METHOD = "/ballast.GatewayLink/Acks"
 BATCH_BYTES = 1024 * 1024  # a frame's sends (well below the 4 MiB minimum request limit)
 MAX_IN_FLIGHT = 4096  # sends of one link a broker runs at once (then it stops reading)
 
+TCP_CONNECT_SECONDS = 3.0  # to connect to a link port, and to say what a connection is
+WHERE_METHOD = "/ballast.GatewayLink/Where"  # answers the broker's TCP link port
+TCP_PREAMBLE = b"BALLAST-LINK/1 "  # then the kind: b"S" sends, b"A" acks
+_TCP_KIND_OF = {LINK_METHOD: b"S", ACK_LINK_METHOD: b"A"}
+_TCP_KINDS = {kind: method for method, kind in _TCP_KIND_OF.items()}
+
+_LENGTH = struct.Struct("<I")
+_PORT = struct.Struct("<H")
 _RECORD = struct.Struct("<QI")
 _TOKEN = struct.Struct("<H")
 _STATUS = struct.Struct("<B")
@@ -124,7 +152,8 @@ class _SendContext:
 
 
 class LinkService(grpc.GenericRpcHandler):
-    """The broker's end: runs each linked send (ack) through the SendMessage (Ack) handler."""
+    """The broker's end: runs each linked send (ack) through the SendMessage (Ack) handler,
+    for records that come on a gRPC stream or on a TCP connection (`serve_connection`)."""
 
     def __init__(
         self,
@@ -133,19 +162,32 @@ class LinkService(grpc.GenericRpcHandler):
         *,
         send: Handler,
         ack: Handler | None = None,
+        max_frame_bytes: int = 2 * BATCH_BYTES,
     ) -> None:
         self.authority = authority
         self.refused = refused
+        self.max_frame_bytes = max_frame_bytes
+        self.tcp_port = 0  # where `serve_connection` listens (0: nowhere); `WHERE_METHOD` says
         kinds = [_Linked(LINK_METHOD, _SEND, pb.StreamMessage, send)]
         if ack is not None:
             kinds.append(_Linked(ACK_LINK_METHOD, _ACK, pb.AckRequest, ack))
+        self._kinds = {kind.method: kind for kind in kinds}
+        self._connections: set[asyncio.Task[Any]] = set()
         self._handlers = {
             kind.method: grpc.stream_stream_rpc_method_handler(functools.partial(self._serve, kind))
             for kind in kinds
         }
+        self._handlers[WHERE_METHOD] = grpc.stream_stream_rpc_method_handler(self._where)
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
         return self._handlers.get(handler_call_details.method)
+
+    async def _where(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        # A stream, as the links are: it names a port, nothing a token guards (each
+        # record on that port carries its caller's token).
+        yield _PORT.pack(self.tcp_port)
 
     async def _serve(
         self,
@@ -153,6 +195,59 @@ class LinkService(grpc.GenericRpcHandler):
         frames: AsyncIterator[bytes],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[bytes]:
+        try:
+            async for out in self._replies(linked, frames):
+                yield out
+        except LinkFrameError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    async def serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """One gateway's link on the TCP port: `TCP_PREAMBLE` and the link method's kind,
+        then frames each way; a malformed or oversized frame ends the connection."""
+        peer = writer.get_extra_info("peername")
+        task = asyncio.current_task()
+        if task is not None:
+            self._connections.add(task)
+        try:
+            try:
+                async with asyncio.timeout(TCP_CONNECT_SECONDS):
+                    head = await reader.readexactly(len(TCP_PREAMBLE) + 1)
+            except (asyncio.IncompleteReadError, TimeoutError):
+                return
+            method = _TCP_KINDS.get(head[-1:], "") if head[:-1] == TCP_PREAMBLE else ""
+            linked = self._kinds.get(method)
+            if linked is None:
+                self.refused("SendMessages", "malformed_request")
+                log.warning("link connection from %s: not a Ballast link; closed", peer)
+                return
+            async for out in self._replies(linked, tcp_frames(reader, self.max_frame_bytes)):
+                writer.write(_LENGTH.pack(len(out)) + out)
+                await writer.drain()
+        except LinkFrameError as exc:
+            log.warning("link connection from %s: %s; closed", peer, exc)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the gateway went; its sends in flight were answered to nobody
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def close_connections(self) -> None:
+        """End every TCP link now (as a stopped gRPC server ends its streams): the
+        gateways' sends in flight fail as on a lost connection and go to the next owner."""
+        connections, self._connections = self._connections, set()
+        for task in connections:
+            task.cancel()
+        if connections:
+            await asyncio.wait(connections)
+
+    async def _replies(self, linked: _Linked, frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """Reply frames for the request `frames`: each record run as its call, replies
+        joined as they are ready. `LinkFrameError` (counted) once the replies to what came
+        before a malformed frame are out."""
         replies: list[bytes] = []
         ready = asyncio.Event()
         slots = asyncio.Semaphore(MAX_IN_FLIGHT)
@@ -195,7 +290,7 @@ class LinkService(grpc.GenericRpcHandler):
                 elif failure:
                     break
             if failure[0]:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, failure[0])
+                raise LinkFrameError(failure[0])
         finally:
             reader.cancel()
             for task in list(running):
@@ -240,12 +335,24 @@ class LinkService(grpc.GenericRpcHandler):
 
 class SendLink:
     """The gateway's end for one broker and one link method (sends, or acks): records
-    batched on one stream, replies matched."""
+    batched on one TCP connection (`tcp`, when the broker has a link port) or gRPC
+    stream, replies matched."""
 
-    def __init__(self, channel: grpc.aio.Channel, url: str, method: str = LINK_METHOD) -> None:
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        url: str,
+        method: str = LINK_METHOD,
+        *,
+        tcp: bool = False,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.channel = channel
         self.url = url
         self.method = method
+        self.tcp = tcp  # on the broker's TCP link port when it has one
+        self.ssl_context = ssl_context  # for that port when the broker serves TLS
+        self.transport = ""  # what the link goes on now: "tcp" or "grpc"
         self.supported = True  # False once the broker answered UNIMPLEMENTED
         self.sends = 0  # sends written, in `frames` frames (what batching saves)
         self.frames = 0
@@ -276,22 +383,18 @@ class SendLink:
             self._pending.pop(call_id, None)
 
     async def _stream(self) -> None:
-        call = self.channel.stream_stream(self.method)()
-        writer = asyncio.create_task(self._write(call))
         error = rpc_error(grpc.StatusCode.UNAVAILABLE, f"link to {self.url}: connection ended")
+        opened: _Opened | None = None
         try:
-            async for frame in call:
-                for call_id, body in decode_records(frame):
-                    future = self._pending.get(call_id)
-                    if future is None or future.done():
-                        continue  # its caller timed out
-                    code = _CODES.get(body[0], grpc.StatusCode.UNKNOWN)
-                    if code is grpc.StatusCode.OK:
-                        future.set_result(bytes(body[1:]))
-                    else:
-                        future.set_exception(
-                            rpc_error(code, bytes(body[1:]).decode(errors="replace"))
-                        )
+            opened = await self._open()
+            writer = asyncio.create_task(self._write(opened.write))
+            try:
+                async for frame in opened.frames:
+                    self._answer(frame)
+            finally:
+                writer.cancel()
+                with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError, OSError):
+                    await writer
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
                 self.supported = False
@@ -299,14 +402,77 @@ class SendLink:
             else:
                 details = exc.details() or exc.code().name
                 error = rpc_error(exc.code(), f"link to {self.url}: connection lost: {details}")
+        except OSError as exc:
+            error = rpc_error(
+                grpc.StatusCode.UNAVAILABLE, f"link to {self.url}: connection lost: {exc}"
+            )
         except (LinkFrameError, IndexError) as exc:
             log.error("gateway: link to %s: malformed reply frame (%s); reopening", self.url, exc)
         finally:
-            call.cancel()
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-                await writer
+            if opened is not None:
+                opened.close()
             self._fail_pending(error)
+
+    def _answer(self, frame: bytes) -> None:
+        for call_id, body in decode_records(frame):
+            future = self._pending.get(call_id)
+            if future is None or future.done():
+                continue  # its caller timed out
+            code = _CODES.get(body[0], grpc.StatusCode.UNKNOWN)
+            if code is grpc.StatusCode.OK:
+                future.set_result(bytes(body[1:]))
+            else:
+                future.set_exception(rpc_error(code, bytes(body[1:]).decode(errors="replace")))
+
+    async def _open(self) -> _Opened:
+        """The broker's TCP link port when it has one and `tcp` is on, else the stream."""
+        if self.tcp:
+            port = await self._tcp_port()
+            if port:
+                host = self.url.rpartition(":")[0].strip("[]")
+                try:
+                    async with asyncio.timeout(TCP_CONNECT_SECONDS):
+                        reader, writer = await asyncio.open_connection(
+                            host,
+                            port,
+                            ssl=self.ssl_context,
+                            server_hostname=host if self.ssl_context is not None else None,
+                        )
+                except (OSError, TimeoutError) as exc:
+                    # A port a firewall drops would cost every reopen the timeout.
+                    self.tcp = False
+                    log.warning(
+                        "gateway: TCP link to %s (port %d) failed (%s); using the gRPC stream "
+                        "to it from now on (set data_plane.link_port: null on brokers whose "
+                        "link port gateways cannot reach)",
+                        self.url,
+                        port,
+                        str(exc) or type(exc).__name__,
+                    )
+                else:
+                    writer.write(TCP_PREAMBLE + _TCP_KIND_OF[self.method])
+                    self.transport = "tcp"
+                    return _tcp_opened(reader, writer)
+        call = self.channel.stream_stream(self.method)()
+        self.transport = "grpc"
+        return _Opened(call.write, call, call.cancel)
+
+    async def _tcp_port(self) -> int:
+        """The broker's link port (0: none, or a broker from before TCP links); asked on
+        every open, as a broker restarted on the same URL listens on another one."""
+        call = self.channel.stream_stream(WHERE_METHOD)()
+        try:
+            reply = await call.read()
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+                return 0
+            raise
+        finally:
+            call.cancel()
+        if not isinstance(reply, bytes) or len(reply) != _PORT.size:
+            return 0
+        port: int = _PORT.unpack(reply)[0]
+        return port
 
     def _fail_pending(self, error: grpc.aio.AioRpcError) -> None:
         # What was sent may or may not have been stored: its caller decides (as for a
@@ -316,7 +482,7 @@ class SendLink:
                 future.set_exception(error)
         self._outbox.clear()
 
-    async def _write(self, call: Any) -> None:
+    async def _write(self, write: Callable[[bytes], Awaitable[None]]) -> None:
         while True:
             await self._wake.wait()
             # One turn of the loop first: the sends that other calls are about to
@@ -329,7 +495,7 @@ class SendLink:
                     record = self._outbox.popleft()
                     batch.append(record)
                     size += len(record)
-                await call.write(b"".join(batch))
+                await write(b"".join(batch))
                 self.sends += len(batch)
                 self.frames += 1
 
@@ -349,6 +515,36 @@ class SendLink:
         if self._run is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._run
+
+
+@dataclass(frozen=True)
+class _Opened:
+    """A link's way to the broker: write a frame, the reply frames, close."""
+
+    write: Callable[[bytes], Awaitable[None]]
+    frames: AsyncIterator[bytes]
+    close: Callable[[], Any]
+
+
+def _tcp_opened(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Opened:
+    async def write(frame: bytes) -> None:
+        writer.write(_LENGTH.pack(len(frame)) + frame)
+        await writer.drain()
+
+    return _Opened(write, tcp_frames(reader, 2**31), writer.close)
+
+
+async def tcp_frames(reader: asyncio.StreamReader, limit: int) -> AsyncIterator[bytes]:
+    """The frames of a TCP link (``<length: u32><frame>``) until the connection ends;
+    `LinkFrameError` for one above `limit` bytes."""
+    while True:
+        try:
+            (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+            if length > limit:
+                raise LinkFrameError(f"a frame of {length} bytes (at most {limit})")
+            yield await reader.readexactly(length)
+        except asyncio.IncompleteReadError:
+            return  # the peer went (mid-frame or not): the connection ended
 
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:

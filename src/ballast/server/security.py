@@ -9,6 +9,7 @@ asks for JWT tokens and `interceptors` puts it in front of every call.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +18,14 @@ import grpc
 from ballast.config import BallastConfig, TlsSettings
 from ballast.server.auth import AuthInterceptor, TokenAuthority
 
-__all__ = ["channel_credentials", "interceptors", "server_credentials", "token_authority"]
+__all__ = [
+    "channel_credentials",
+    "client_ssl_context",
+    "interceptors",
+    "server_credentials",
+    "server_ssl_context",
+    "token_authority",
+]
 
 
 def _pem(path: str | None, what: str) -> bytes | None:
@@ -52,6 +60,36 @@ def channel_credentials(tls: TlsSettings) -> grpc.ChannelCredentials | None:
         private_key=_pem(tls.key_file, "key_file"),
         certificate_chain=_pem(tls.cert_file, "cert_file"),
     )
+
+
+def server_ssl_context(tls: TlsSettings) -> ssl.SSLContext | None:
+    """What `server_credentials` is for the broker's TCP link port (None: plaintext)."""
+    if not tls.enabled:
+        return None
+    assert tls.cert_file and tls.key_file  # the config validator requires them
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    _load_chain(context, tls)
+    if tls.require_client_cert:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(cafile=tls.ca_file)
+    return context
+
+
+def client_ssl_context(tls: TlsSettings) -> ssl.SSLContext | None:
+    """What `channel_credentials` is for a broker's TCP link port (None: plaintext)."""
+    if not tls.enabled:
+        return None
+    context = ssl.create_default_context(cafile=tls.ca_file)
+    if tls.cert_file and tls.key_file:
+        _load_chain(context, tls)
+    return context
+
+
+def _load_chain(context: ssl.SSLContext, tls: TlsSettings) -> None:
+    try:
+        context.load_cert_chain(str(tls.cert_file), str(tls.key_file))
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"tls.cert_file/key_file: cannot load ({exc})") from None
 
 
 def token_authority(config: BallastConfig) -> TokenAuthority | None:

@@ -8,6 +8,7 @@ accepting calls and gives open streams a short grace period.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 
@@ -20,7 +21,12 @@ from ballast.server.limits import DecodeInterceptor
 from ballast.server.link import LinkService
 from ballast.server.protocol import pb_grpc
 from ballast.server.schemas import SchemaRegistryService, spb_grpc
-from ballast.server.security import interceptors, server_credentials, token_authority
+from ballast.server.security import (
+    interceptors,
+    server_credentials,
+    server_ssl_context,
+    token_authority,
+)
 from ballast.server.service import DataPlaneService
 
 __all__ = ["DataPlaneServer", "split_url"]
@@ -62,6 +68,8 @@ class DataPlaneServer(Served):
         self.url = ""
         self.port = 0
         self._server: grpc.aio.Server | None = None
+        self._link_server: asyncio.Server | None = None
+        self.link: LinkService | None = None  # gateways' sends and acks (once started)
 
     async def start(self) -> str:
         """Bind and start serving; returns the advertised ``host:port``."""
@@ -107,12 +115,26 @@ class DataPlaneServer(Served):
         spb_grpc.add_SchemaRegistryServicer_to_server(registry, server)
         # Gateways' sends and acks, batched (each still the SendMessage/Ack above, token
         # checked).
-        link = LinkService(authority, refused, send=service.SendMessage, ack=service.Ack)
+        link = LinkService(
+            authority,
+            refused,
+            send=service.SendMessage,
+            ack=service.Ack,
+            max_frame_bytes=limits.max_request_bytes,
+        )
         server.add_generic_rpc_handlers((link,))
+        self.link = link
+        if limits.link_port is not None:
+            self._link_server = await self._listen_link(link, limits.link_port)
         await server.start()
         self._server = server
         await self.host.start()
-        log.info("%s: data plane serving on %s", self.host.broker_id, self.url)
+        log.info(
+            "%s: data plane serving on %s (gateways' link port: %s)",
+            self.host.broker_id,
+            self.url,
+            self.link_port or "none",
+        )
         if self.config.auth.mode == "none" and not is_loopback(self.bind_host):
             log.warning(
                 "%s: data plane on %s accepts every request WITHOUT AUTHENTICATION "
@@ -122,12 +144,38 @@ class DataPlaneServer(Served):
             )
         return self.url
 
+    async def _listen_link(self, link: LinkService, port: int) -> asyncio.Server:
+        try:
+            listener = await asyncio.start_server(
+                link.serve_connection,
+                self.bind_host.strip("[]"),
+                port,
+                ssl=server_ssl_context(self.config.tls),
+            )
+        except OSError as exc:
+            raise OSError(
+                f"data_plane.link_port {port}: cannot listen on {self.bind_host} "
+                f"({exc.strerror}); choose another port (0 picks a free one, null: none)"
+            ) from None
+        link.tcp_port = listener.sockets[0].getsockname()[1]
+        return listener
+
+    @property
+    def link_port(self) -> int:
+        """The TCP port of gateways' links (0: none)."""
+        return self.link.tcp_port if self.link is not None else 0
+
     async def stop(self) -> None:
         """Stop serving (open streams get `grace` seconds)."""
+        listener, self._link_server = self._link_server, None
+        if listener is not None:
+            listener.close()
         await self.host.stop()
         server, self._server = self._server, None
         if server is not None:
             await server.stop(self.grace)
+        if listener is not None and self.link is not None:
+            await self.link.close_connections()
 
     async def stop_now(self) -> None:
         """Drop every connection at once, as a crashed process would (the demo's kill)."""
