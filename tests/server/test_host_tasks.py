@@ -88,16 +88,20 @@ class SlowStore(MemoryStore):
 
     def __init__(self, gates: Callable[[str], bool] = lambda key: True) -> None:
         super().__init__()
-        self.gates = gates
         self.gate = asyncio.Event()
         self.gate.set()
+        # The gate a key's read waits on, if any (default: `gate`, for those `gates` picks).
+        self.gate_of: Callable[[str], asyncio.Event | None] = lambda key: (
+            self.gate if gates(key) else None
+        )
         self.reads: list[str] = []
         self.listed: list[str] = []
 
     async def get(self, key: str) -> KeyValue | None:
         self.reads.append(key)
-        if self.gates(key):
-            await self.gate.wait()
+        gate = self.gate_of(key)
+        if gate is not None:
+            await gate.wait()
         return await super().get(key)
 
     async def get_prefix(self, prefix: str) -> Listing:
@@ -203,4 +207,51 @@ async def test_a_producer_created_while_its_topic_opens_reads_what_it_checks_mea
         assert schema_key not in store.reads[reads:]  # the send found it read already
     finally:
         store.gate.set()
+        await host.stop()
+
+
+async def test_a_consumer_subscribing_after_a_move_reads_quotas_and_nack_delays_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """A move's new owner is asked to subscribe before it serves the topic: the namespace's
+    quotas are read during the opening, and the subscription's recorded nack delays while
+    its cursor is read, not one round trip after."""
+    name = TopicName.parse("/default/t")
+    cursor_key = keys.subscription_cursor(name, "s")
+    opening, cursor = asyncio.Event(), asyncio.Event()
+
+    def gate(key: str) -> asyncio.Event | None:
+        if key == cursor_key:
+            return cursor
+        return opening if key.startswith(keys.TOPICS_PREFIX) else None
+
+    store = SlowStore()
+    store.gate_of = gate
+    config = data_config(tmp_path)
+    host = DataPlaneHost("b1", store, FakeClock(), config)
+    await host.start()
+    service = DataPlaneService(host, config, "127.0.0.1:6650")
+    quota_key = keys.quota_policy("default")
+    holds_key = keys.subscription_redeliveries(name, "s")
+    try:
+        opening.set()
+        await host.directory.create_topic(name, {DISPATCH_KEY: RELIABLE})
+        opening.clear()
+        await host.load(str(name), None)
+        request = pb.ConsumerRequest(
+            request_id=1, topic_name=str(name), consumer_name="c", subscription="s"
+        )
+        subscribing = asyncio.ensure_future(service.Subscribe(request, _Context()))
+        await eventually(lambda: quota_key in store.reads)
+        assert not host.topics  # read while the topic still opens
+        opening.set()
+        await eventually(lambda: cursor_key in store.reads)
+        await eventually(lambda: holds_key in store.reads)
+        assert not subscribing.done()  # the cursor is still being read
+        cursor.set()
+        answer = await asyncio.wait_for(subscribing, 5)
+        assert answer.consumer_name == "c"
+    finally:
+        opening.set()
+        cursor.set()
         await host.stop()

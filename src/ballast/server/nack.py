@@ -227,18 +227,24 @@ class NackHandler:
                 return deliveries
         return 1
 
-    async def restore_holds(self, served: Any, subscription: str) -> None:
-        """A subscription opened here after a move: nack delays still running elsewhere
-        hold their messages here too (each dispatcher once)."""
+    async def read_holds(self, served: Any, subscription: str) -> Any:
+        """The subscription's recorded nack delays, for `restore_holds`; read while the
+        subscription opens (None when there is nothing to restore)."""
         dispatcher = served.subscriptions.get(subscription)
-        if not served.reliable or dispatcher is None or id(dispatcher) in self._restored:
+        if not served.reliable or (dispatcher is not None and id(dispatcher) in self._restored):
+            return None
+        kv = await self.store.get(keys.subscription_redeliveries(served.name, subscription))
+        return kv.value if kv is not None and isinstance(kv.value, dict) else None
+
+    def restore_holds(self, served: Any, subscription: str, record: Any) -> None:
+        """A subscription opened here after a move: nack delays still running elsewhere
+        (`record`, from `read_holds`) hold their messages here too (each dispatcher once)."""
+        dispatcher = served.subscriptions.get(subscription)
+        if dispatcher is None or id(dispatcher) in self._restored or record is None:
             return
         self._restored[id(dispatcher)] = dispatcher
-        kv = await self.store.get(keys.subscription_redeliveries(served.name, subscription))
-        if kv is None or not isinstance(kv.value, dict):
-            return
         now = self.clock.now()
-        for offset, due in _offsets(kv.value.get("not_before"), dispatcher.cursor).items():
+        for offset, due in _offsets(record.get("not_before"), dispatcher.cursor).items():
             if due > now:
                 dispatcher.hold(int(offset), due - now)
 

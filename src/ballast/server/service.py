@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from ballast.aio import both
 from ballast.config import BallastConfig
 from ballast.metadata import keys
 from ballast.model import InvalidTopicName, TopicName
@@ -312,21 +313,28 @@ class DataPlaneService(
                 "bad_subscription_type",
             )
         check_name(request.consumer_name, "consumer_name")
-        served = await self.host.serving(str(topic))
+        # A consumer that follows its topic to a new owner waits for the opening: read
+        # the quotas meanwhile, and the recorded nack delays while the subscription opens.
+        served, _ = await asyncio.gather(
+            self.host.serving(str(topic)), _warm_up(self.quotas.get(topic.namespace))
+        )
         if served is None or not served.accepting:
             await self._not_here(topic, None, create=False)
             raise AssertionError("unreachable")
         await self._subscribe_quotas(topic, served, request.subscription, request.consumer_name)
-        handle = await served.subscribe(
-            request.subscription,
-            sub_type,
-            request.consumer_name,
-            tuple(request.key_filters),
-            self.host.clock.now(),
+        handle, holds = await both(
+            served.subscribe(
+                request.subscription,
+                sub_type,
+                request.consumer_name,
+                tuple(request.key_filters),
+                self.host.clock.now(),
+            ),
+            self.nacks.read_holds(served, request.subscription),
         )
         handle.owner = bind(topic.namespace)  # a reconnect by name takes the stream over
         self.host.add_consumer(handle)
-        await self.nacks.restore_holds(served, request.subscription)
+        self.nacks.restore_holds(served, request.subscription, holds)
         return pb.ConsumerResponse(
             request_id=request.request_id, consumer_id=handle.id, consumer_name=handle.name
         )
