@@ -109,6 +109,12 @@ class DataBroker:
         return self.server.url
 
 
+def relays(broker: DataBroker) -> float:
+    """Consumers `broker` relayed from the new owner of a topic that moved away."""
+    registry = broker.host.counters.registry
+    return registry.get_sample_value("ballast_dataplane_consumer_relays_total") or 0.0
+
+
 class DataCluster:
     """Brokers with a data plane in this event loop, over one store."""
 

@@ -18,7 +18,14 @@ from ballast.metadata.etcd import EtcdStore
 from ballast.server.gateway import Gateway
 from ballast.server.gateway_sessions import ACKED_REMEMBERED, HeldBudget, SessionTable
 from tests.etcd_fixtures import TcpProxy
-from tests.server.helpers import DataCluster, SubType, data_config, new_client, wait_until
+from tests.server.helpers import (
+    DataCluster,
+    SubType,
+    data_config,
+    new_client,
+    relays,
+    wait_until,
+)
 from tests.server.test_gateway import Traffic
 from tests.server.test_moves import reliable_producer
 
@@ -98,6 +105,9 @@ async def test_moves_through_the_gateway_are_a_pause_not_an_error(
     assert traffic.errors == [], traffic.errors[:3]
     assert gateway.counts.get("CreateProducer:carried", 0) >= 4, gateway.counts
     assert gateway.counts.get("Subscribe:carried", 0) >= 4, gateway.counts
+    # The gateway carries its consumers itself: no old owner relays them (a relay would
+    # subscribe under the same name and take the gateway's stream over, and back).
+    assert [relays(broker) for broker in cluster.brokers.values()] == [0, 0]
     producer_pause = longest_gap(sorted(traffic.acked.values()))
     consumer_pause = longest_gap([when for _, _, when in traffic.received])
     # Goal 0.1 s; on a shared 2-core test machine allow more, far below the client's

@@ -22,6 +22,7 @@ from tests.server.helpers import (
     SubType,
     data_config,
     new_client,
+    relays,
     wait_until,
 )
 
@@ -156,6 +157,7 @@ async def test_a_moving_consumer_is_relayed_without_waiting_for_its_health_check
         return dispatcher.cursor == 1
 
     await wait_until(acked, 5, "the relayed ack to reach the new owner")
+    assert relays(source) == 1
     await consumer.close()
     await producer.close()
     await direct.close()

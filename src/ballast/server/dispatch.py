@@ -122,6 +122,7 @@ class ConsumerHandle:
     queue: asyncio.Queue[Delivery | None] | None = None  # the open stream's queue
     closing: bool = False  # the topic is leaving: CLOSE on the next health check
     close_sent: bool = False  # CLOSE was answered: send nothing more, the stream ends soon
+    carried: bool = False  # the open stream is a gateway's, which follows moves itself
     # Relayed messages sent most recently, with when (the client may drop one at CLOSE).
     recent: deque[tuple[float, Delivery]] = field(default_factory=lambda: deque(maxlen=256))
     last_seen: float = 0.0

@@ -67,6 +67,7 @@ from ballast.server.protocol import (
     HEALTH_OK,
     pb,
 )
+from ballast.server.relay import CARRIED_HEADER
 from ballast.server.security import (
     channel_credentials,
     client_ssl_context,
@@ -857,7 +858,7 @@ class Gateway(Served, grpc.GenericRpcHandler):
             generation, url = session.generation, session.url
             receive = pb.ReceiveRequest(request_id=request_id, consumer_id=session.broker_id)
             call = self.links.channel(url).unary_stream(_RECEIVE)(
-                receive.SerializeToString(), metadata=metadata
+                receive.SerializeToString(), metadata=[*metadata, (CARRIED_HEADER, "1")]
             )
             queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=64)
             failure: list[grpc.aio.AioRpcError] = []

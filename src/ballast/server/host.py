@@ -331,7 +331,8 @@ class DataPlaneHost:
             sealed = None
         if self.settings.relay_moving_consumers:
             for consumer in departing:
-                if consumer.connected:
+                if consumer.connected and not consumer.carried:
+                    self.counters.consumer_relays.inc()
                     relay = ConsumerRelay(
                         consumer,
                         topic,

@@ -75,6 +75,11 @@ class DataPlaneMetrics:
             "Subscriptions removed after subscription_expiry_seconds without a consumer",
             registry=r,
         )
+        self.consumer_relays = Counter(
+            "ballast_dataplane_consumer_relays",
+            "Consumers of a topic that moved away relayed from its new owner (relay.py)",
+            registry=r,
+        )
         self.subscription_buffered_bytes = Gauge(
             "ballast_dataplane_subscription_buffered_bytes",
             "Bytes read ahead for subscriptions (each bounded by subscription_buffer_bytes)",

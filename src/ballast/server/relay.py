@@ -31,7 +31,7 @@ from ballast.server.directory import Directory
 from ballast.server.dispatch import ConsumerHandle, Delivery
 from ballast.server.protocol import SUBSCRIPTION_TYPES, pb, pb_grpc
 
-__all__ = ["RELAY_HEADER", "ConsumerRelay"]
+__all__ = ["CARRIED_HEADER", "RELAY_HEADER", "ConsumerRelay"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,10 @@ GIVE_BACK_AFTER = 0.05
 IN_HAND_SECONDS = 0.05
 # Marks a relay's stream, so the new owner keeps what was sent for the client to ack.
 RELAY_HEADER = "x-ballast-relay"
+# Marks a gateway's stream of a consumer it carries across moves itself: no relay for it
+# (the relay would subscribe on the new owner under the same name as the gateway does,
+# and each would take the other's stream over).
+CARRIED_HEADER = "x-ballast-carried"
 
 
 class ConsumerRelay:

@@ -49,7 +49,7 @@ from ballast.server.protocol import (
     pb_grpc,
 )
 from ballast.server.quotas import QuotaCache, over_quota
-from ballast.server.relay import RELAY_HEADER
+from ballast.server.relay import CARRIED_HEADER, RELAY_HEADER
 from ballast.server.rpc import rpc
 from ballast.server.schemas import (
     SchemaStore,
@@ -384,6 +384,7 @@ class DataPlaneService(
         handle.last_seen = self.host.clock.now()
         metadata = context.invocation_metadata() or ()
         relay = any(item[0] == RELAY_HEADER for item in metadata)
+        handle.carried = any(item[0] == CARRIED_HEADER for item in metadata)
         counter = self.host.counters.messages_out
         try:
             while True:
