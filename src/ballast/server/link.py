@@ -58,7 +58,6 @@ __all__ = [
     "LinkService",
     "SendLink",
     "rpc_error",
-    "tcp_frames",
 ]
 
 log = logging.getLogger(__name__)
@@ -75,6 +74,7 @@ _TCP_KIND_OF = {LINK_METHOD: b"S", ACK_LINK_METHOD: b"A"}
 _TCP_KINDS = {kind: method for method, kind in _TCP_KIND_OF.items()}
 
 _LENGTH = struct.Struct("<I")
+_LENGTH_MAX = 2**32 - 1
 _PORT = struct.Struct("<H")
 _RECORD = struct.Struct("<QI")
 _TOKEN = struct.Struct("<H")
@@ -219,10 +219,10 @@ class LinkService(grpc.GenericRpcHandler):
             method = _TCP_KINDS.get(head[-1:], "") if head[:-1] == TCP_PREAMBLE else ""
             linked = self._kinds.get(method)
             if linked is None:
-                self.refused("SendMessages", "malformed_request")
+                self.refused(LINK_METHOD, "malformed_request")  # which kind is unknown
                 log.warning("link connection from %s: not a Ballast link; closed", peer)
                 return
-            async for out in self._replies(linked, tcp_frames(reader, self.max_frame_bytes)):
+            async for out in self._replies(linked, _tcp_frames(reader, self.max_frame_bytes)):
                 writer.write(_LENGTH.pack(len(out)) + out)
                 await writer.drain()
         except LinkFrameError as exc:
@@ -438,7 +438,7 @@ class SendLink:
                             ssl=self.ssl_context,
                             server_hostname=host if self.ssl_context is not None else None,
                         )
-                except (OSError, TimeoutError) as exc:
+                except OSError as exc:  # refused, unreachable, TLS, or the timeout
                     # A port a firewall drops would cost every reopen the timeout.
                     self.tcp = False
                     log.warning(
@@ -531,10 +531,11 @@ def _tcp_opened(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _
         writer.write(_LENGTH.pack(len(frame)) + frame)
         await writer.drain()
 
-    return _Opened(write, tcp_frames(reader, 2**31), writer.close)
+    # Reply frames answer what this gateway sent (each below BATCH_BYTES): no limit here.
+    return _Opened(write, _tcp_frames(reader, _LENGTH_MAX), writer.close)
 
 
-async def tcp_frames(reader: asyncio.StreamReader, limit: int) -> AsyncIterator[bytes]:
+async def _tcp_frames(reader: asyncio.StreamReader, limit: int) -> AsyncIterator[bytes]:
     """The frames of a TCP link (``<length: u32><frame>``) until the connection ends;
     `LinkFrameError` for one above `limit` bytes."""
     while True:
