@@ -69,6 +69,20 @@ async def take(queue: asyncio.Queue[Any], n: int, timeout: float = 10) -> list[A
     return out
 
 
+async def streaming(cluster: DataCluster, topic: str, sub: str, n: int) -> Any:
+    """Wait until `n` consumers of `sub` have their streams attached; its dispatcher.
+
+    The client opens a consumer's stream in the background after `receive()`: until every
+    stream is attached, sends go to those that are (a race, not the dispatch rule)."""
+    dispatcher = cluster.brokers["b1"].host.topics[topic].subscriptions[sub]
+
+    async def attached() -> bool:
+        return sum(c.connected for c in dispatcher.consumers.values()) == n
+
+    await wait_until(attached, 10, f"{n} consumer streams on {topic} {sub}")
+    return dispatcher
+
+
 async def test_reliable_produce_consume_ack(cluster: DataCluster) -> None:
     client = await new_client(cluster.brokers["b1"].url)
     producer = await make_producer(client, "/default/r1")
@@ -108,6 +122,7 @@ async def test_shared_round_robin_and_redelivery_when_a_consumer_goes(
     producer = await make_producer(client, "/default/sh")
     c1, q1 = await make_consumer(client, "/default/sh", "s", SubType.SHARED, name="c1")
     c2, q2 = await make_consumer(client, "/default/sh", "s", SubType.SHARED, name="c2")
+    dispatcher = await streaming(cluster, "/default/sh", "s", 2)
     for i in range(10):
         await producer.send(f"{i}".encode())
     got1, got2 = await take(q1, 5), await take(q2, 5)
@@ -121,7 +136,6 @@ async def test_shared_round_robin_and_redelivery_when_a_consumer_goes(
     for m in got1:
         if m.msg_id.topic_offset != unacked:
             await c1.ack(m)
-    dispatcher = cluster.brokers["b1"].host.topics["/default/sh"].subscriptions["s"]
     assert dispatcher.cursor == unacked - 1  # the lowest unacked offset holds the cursor
     # c1 goes away: its unacked message goes to c2.
     await c1.close()  # cancels its stream
@@ -136,6 +150,7 @@ async def test_failover_one_active_then_the_next(cluster: DataCluster) -> None:
     producer = await make_producer(client, "/default/fo")
     c1, q1 = await make_consumer(client, "/default/fo", "s", SubType.FAILOVER, name="c1")
     _, q2 = await make_consumer(client, "/default/fo", "s", SubType.FAILOVER, name="c2")
+    await streaming(cluster, "/default/fo", "s", 2)
     for i in range(5):
         await producer.send(f"{i}".encode())
     got = await take(q1, 5)
