@@ -11,6 +11,7 @@ import pytest
 
 from ballast.clock import FakeClock
 from ballast.metadata import MemoryStore, ValueDecodeError, keys
+from ballast.metadata.etcd import EtcdStore
 from ballast.storage import (
     AckMode,
     DurabilityTimeoutError,
@@ -28,8 +29,12 @@ from ballast.storage import (
     WritePacer,
     load_catalog,
 )
+from ballast.storage.cursor import FOLD_MAX_CURSORS
+from tests.etcd_fixtures import EtcdServer, etcd_server
 
 from .helpers import FlakyObjectStore, advancing, collect, eventually, make_topic, payload
+
+__all__ = ["etcd_server"]
 
 
 @pytest.fixture
@@ -93,6 +98,54 @@ async def test_reference_timeline_move_from_a_to_b(
         keys.subscription_cursor("/default/reliable_topic", "subs_reliable")
     )
     assert cursor is not None and cursor.value["last_acked_offset"] == 27  # flushed on close
+
+
+@pytest.mark.parametrize("subscriptions", [FOLD_MAX_CURSORS, FOLD_MAX_CURSORS + 1])
+async def test_the_seal_writes_the_cursors_in_its_own_transaction_on_etcd(
+    tmp_path: Path,
+    object_store: FsspecObjectStore,
+    clock: FakeClock,
+    config: StorageConfig,
+    etcd_server: EtcdServer,
+    subscriptions: int,
+) -> None:
+    """Up to FOLD_MAX_CURSORS changed cursors ride in the sealed state's transaction (one
+    round trip less on a move's path, within etcd's 128 operations); more are written
+    first, one by one. Either way every cursor is stored and the next owner starts there."""
+    topic = f"/default/fold-{subscriptions}"
+    async with EtcdStore(etcd_server.client_url) as store:
+        kw: dict[str, Any] = {
+            "objects": object_store,
+            "metadata": store,
+            "clock": clock,
+            "config": config,
+        }
+        async with make_topic("b1", tmp_path, topic=topic, **kw) as a:
+            subs = [
+                await a.subscribe(f"s{i}", initial=InitialPosition.EARLIEST)
+                for i in range(subscriptions)
+            ]
+            await append_range(a, 0, 4)
+            for i, sub in enumerate(subs):
+                await sub.ack(i % 4)
+            await a.seal()
+        state = await store.get(keys.storage_state(topic))
+        assert state is not None and state.value["sealed"] is True
+        cursors = [
+            await store.get(keys.subscription_cursor(topic, f"s{i}")) for i in range(subscriptions)
+        ]
+        assert all(kv is not None for kv in cursors)
+        assert [kv.value["last_acked_offset"] for kv in cursors if kv] == [
+            i % 4 for i in range(subscriptions)
+        ]
+        revisions = {kv.mod_revision for kv in cursors if kv}
+        if subscriptions <= FOLD_MAX_CURSORS:
+            assert revisions == {state.mod_revision}  # the very same transaction
+        else:
+            assert max(revisions) < state.mod_revision  # written before it
+        async with make_topic("b2", tmp_path, topic=topic, **kw) as b:
+            assert (await b.subscribe("s3")).start_offset == 4
+            assert (await b.subscribe("s2")).start_offset == 3
 
 
 async def test_danube_anchor_ack_0_to_4_unload_produce_8_more(

@@ -281,11 +281,14 @@ class TopicClaim:
             self._fence()
             raise self._fenced_error()
 
-    async def write_sealed(self, sealed: SealedState, handoff: Handoff | None = None) -> bool:
-        """Write the sealed state if this claim is still in place; False if fenced.
+    async def write_sealed(
+        self, sealed: SealedState, handoff: Handoff | None = None, extra: Sequence[Put] = ()
+    ) -> bool:
+        """Write the sealed state (and `extra`: the cursors) if this claim is still in
+        place; False if fenced.
 
         With `handoff`, its writes go in the same transaction if its conditions hold;
-        if they do not (or the claim was lost), the state is written alone (or not).
+        if they do not (or the claim was lost), the state is written without them (or not).
         Exceptions of the metadata store propagate (the seal fails, the topic stays open).
         """
         async with self._lock:
@@ -294,12 +297,12 @@ class TopicClaim:
             along = await handoff.writes() if handoff is not None else None
             if along is not None:
                 compares, ops = along
-                if await self._write(sealed, ops, compares):
+                if await self._write(sealed, [*extra, *ops], compares):
                     assert handoff is not None
                     self._done = True
                     handoff.written()
                     return True
-            written = await self._write(sealed)
+            written = await self._write(sealed, extra)
             if written:
                 self._done = True
             else:

@@ -388,10 +388,13 @@ class ReliableTopic:
                     f"{self.topic}: object storage holds offsets up to {checkpoint}, "
                     f"the WAL up to {last}"
                 )
-            await self._cursors.flush()
             sealed = SealedState(True, last, self.broker_id, self._clock.now(), gaps=self._gaps)
-            assert self._claim is not None
-            written = await self._claim.write_sealed(sealed, handoff)
+            claim = self._claim
+            assert claim is not None
+            # The cursors go in the sealed state's transaction (fenced by the same claim).
+            written = await self._cursors.flush_with(
+                lambda cursors: claim.write_sealed(sealed, handoff, cursors)
+            )
         except TopicFencedError:
             written = False
         except BaseException:
