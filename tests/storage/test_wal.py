@@ -304,8 +304,9 @@ async def test_fsync_policies(
     assert (after_appends, after_tick, stats.wal_fsyncs) == expected
 
 
-async def test_flush_syncs_pending_writes(
-    tmp_path: Path, clock: FakeClock, config: StorageConfig
+@pytest.mark.parametrize(("call", "fsyncs"), [("flush", 1), ("settle", 0)])
+async def test_flush_and_settle_wait_for_pending_writes_only_flush_syncs(
+    tmp_path: Path, clock: FakeClock, config: StorageConfig, call: str, fsyncs: int
 ) -> None:
     stats = StorageStats()
     cfg = replace(config, fsync_policy=FsyncPolicy.NEVER)
@@ -314,9 +315,9 @@ async def test_flush_syncs_pending_writes(
         pending = [asyncio.ensure_future(wal.append(payload(i))) for i in range(3)]
         await asyncio.sleep(0)  # the appends enqueue; none is committed yet
         assert wal.committed_offset == -1
-        assert await wal.flush() == 2
+        assert await getattr(wal, call)() == 2
         assert all(p.done() for p in pending)
-        assert stats.wal_fsyncs == 1
+        assert stats.wal_fsyncs == fsyncs
 
 
 async def test_retention_deletes_only_uploaded_and_old_segments(

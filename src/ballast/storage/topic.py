@@ -381,7 +381,9 @@ class ReliableTopic:
         # Appends still waiting for a reservation extension must not get an offset now.
         self._wal.set_accepting_appends(False)
         try:
-            last = await self._wal.flush()
+            # Written is enough: the seal succeeds only once object storage holds it all
+            # and the WAL is deleted then (an fsync here cost a move 3-25 ms).
+            last = await self._wal.settle()
             checkpoint = await self._uploader.drain()
             if checkpoint < last:
                 raise SealError(

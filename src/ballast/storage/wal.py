@@ -621,6 +621,13 @@ class WriteAheadLog:
 
     async def flush(self) -> int:
         """Wait for every append so far and fsync; returns the last committed offset."""
+        await self.settle()
+        await self._sync()
+        return self._committed
+
+    async def settle(self) -> int:
+        """Wait for every append so far to be written (not fsynced); returns the last
+        committed offset."""
         while True:
             if self._failure is not None:
                 raise WalError(f"{self.name}: failed: {self._failure}") from self._failure
@@ -630,7 +637,6 @@ class WriteAheadLog:
             if not self._running:
                 raise WalClosedError(f"{self.name}: appends pending but the writer is stopped")
             await asyncio.shield(batch.waiter())
-        await self._sync()
         return self._committed
 
     async def _sync(self) -> None:
