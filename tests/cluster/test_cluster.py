@@ -11,7 +11,9 @@ failover tests on a real etcd).
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
+from collections.abc import Sequence
 
 import pytest
 
@@ -19,6 +21,7 @@ from ballast.clock import FakeClock, SystemClock
 from ballast.cluster import AdminClient, LocalCluster
 from ballast.metadata import MetadataStore, keys
 from ballast.metadata.memory import MemoryStore
+from ballast.metadata.store import Compare, Delete, Put, TxnResult
 from ballast.model import MarkerReason
 from tests.cluster.helpers import (
     FAST_REBALANCING,
@@ -243,3 +246,53 @@ async def test_marker_reasons_reach_the_new_owner(store: MetadataStore) -> None:
             owner,
             True,
         )
+
+
+class _RankingsHeld(MemoryStore):
+    """A store whose rankings writes wait for `release` (a slow or stuck etcd request)."""
+
+    def __init__(self) -> None:
+        super().__init__(SystemClock())
+        self.release = asyncio.Event()
+        self.held = 0
+
+    async def txn(
+        self,
+        compare: Sequence[Compare],
+        success: Sequence[Put | Delete],
+        failure: Sequence[Put | Delete] = (),
+    ) -> TxnResult:
+        if any(op.key == keys.LOAD_BALANCE for op in success):
+            self.held += 1
+            await self.release.wait()
+        return await super().txn(compare, success, failure)
+
+
+async def test_the_leader_places_topics_while_its_rankings_write_waits() -> None:
+    """Rankings are posted by a task of their own: a slow rankings write does not hold the
+    leader's step loop, so an unloaded topic is placed meanwhile."""
+    store = _RankingsHeld()
+    async with store:
+        clock = SystemClock()
+        config = fast_config()
+        admin = AdminClient(store, clock, config)
+        async with LocalCluster(store, clock, config) as cluster:
+            await start(cluster, "b1", "b2")
+            await admin.create_topic("/r/t")
+            await wait_settled(admin, 1, timeout=10)
+            source = await admin.unload_topic("/r/t")
+
+            async def moved() -> bool:
+                return (await admin.view()).owner("/r/t") not in (None, source)
+
+            await wait_until(moved, 10, "/r/t placed on the other broker")
+            assert store.held >= 1  # the rankings write was waiting all along
+            assert await store.get(keys.LOAD_BALANCE) is None
+            store.release.set()
+            await wait_until(
+                lambda: _present(store, keys.LOAD_BALANCE), 10, "the rankings posted at last"
+            )
+
+
+async def _present(store: MetadataStore, key: str) -> bool:
+    return await store.get(key) is not None

@@ -10,7 +10,8 @@ While this broker leads (see `LeaderElection`), a `LeaderSession`:
    transaction fenced on the leader key; a bounded number at once), whose outcomes it
    feeds back (a failed write comes back with its keys read again: the machine drops the
    decision and decides again from that fresh state; a write refused by the fence ends
-   the term), then rankings, load-history records, metrics and log lines.
+   the term), then load-history records, metrics and log lines; rankings go to a task
+   of their own that posts the latest (the step loop never waits for that write).
 
 The policy (failover, drain, the two phases of a move, seal timeout, placement,
 rebalancing) is in the machine; this module only owns I/O, time and tasks.
@@ -159,6 +160,10 @@ class LeaderSession:
         self.last_decision: Decision | None = None
         self.steps = 0
         self._inbox: asyncio.Queue[Any] = asyncio.Queue()
+        # The latest rankings not posted yet: posted by their own task, so the step loop
+        # never waits for that write (a ready marker arriving meanwhile is placed at once).
+        self._rankings: dict[str, Any] | None = None
+        self._rankings_due = asyncio.Event()
 
     # -- what the admin, the demo and tests read -------------------------------------------
 
@@ -193,6 +198,7 @@ class LeaderSession:
                 "watch-topics": self._watch(keys.TOPICS_PREFIX, topics.revision),
                 "tick": self._tick(),
                 "step": self._step_loop(),
+                "rankings": self._post_rankings(),
                 "term": self.term.ended.wait(),
             },
         )
@@ -240,7 +246,8 @@ class LeaderSession:
             for batch in queue.batches(current):
                 queue.feed(await asyncio.gather(*(self._perform_write(w) for w in batch)))
             if current.rankings is not None:
-                await self._fenced([Put(keys.LOAD_BALANCE, current.rankings.payload)])
+                self._rankings = current.rankings.payload  # a newer one replaces it
+                self._rankings_due.set()
             for record in current.history:
                 self._sink(record.report, record.mode)
             for delta in current.metrics:
@@ -251,6 +258,14 @@ class LeaderSession:
                 else:
                     log.log(line.level, "%s: %s", self.manager.name, line.message)
         return done
+
+    async def _post_rankings(self) -> None:
+        while True:
+            await self._rankings_due.wait()
+            self._rankings_due.clear()
+            payload, self._rankings = self._rankings, None
+            if payload is not None:
+                await self._fenced([Put(keys.LOAD_BALANCE, payload)])
 
     async def _perform_write(self, write: Write) -> WriteDone:
         try:
