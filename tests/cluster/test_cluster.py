@@ -249,11 +249,13 @@ async def test_marker_reasons_reach_the_new_owner(store: MetadataStore) -> None:
 
 
 class _RankingsHeld(MemoryStore):
-    """A store whose rankings writes wait for `release` (a slow or stuck etcd request)."""
+    """A store whose rankings writes wait while `release` is clear (a slow or stuck etcd
+    request); `held` counts those that waited."""
 
     def __init__(self) -> None:
         super().__init__(SystemClock())
         self.release = asyncio.Event()
+        self.release.set()
         self.held = 0
 
     async def txn(
@@ -262,15 +264,15 @@ class _RankingsHeld(MemoryStore):
         success: Sequence[Put | Delete],
         failure: Sequence[Put | Delete] = (),
     ) -> TxnResult:
-        if any(op.key == keys.LOAD_BALANCE for op in success):
+        if any(op.key == keys.LOAD_BALANCE for op in success) and not self.release.is_set():
             self.held += 1
             await self.release.wait()
         return await super().txn(compare, success, failure)
 
 
 async def test_the_leader_places_topics_while_its_rankings_write_waits() -> None:
-    """Rankings are posted by a task of their own: a slow rankings write does not hold the
-    leader's step loop, so an unloaded topic is placed meanwhile."""
+    """Rankings are posted by a task of their own: a rankings write that hangs does not
+    hold the leader's step loop, so an unloaded topic is placed meanwhile."""
     store = _RankingsHeld()
     async with store:
         clock = SystemClock()
@@ -280,19 +282,25 @@ async def test_the_leader_places_topics_while_its_rankings_write_waits() -> None
             await start(cluster, "b1", "b2")
             await admin.create_topic("/r/t")
             await wait_settled(admin, 1, timeout=10)
+            store.release.clear()
+
+            async def held() -> bool:
+                return store.held > 0
+
+            await wait_until(held, 10, "a rankings write (after a load report) waiting")
+            posted = await store.get(keys.LOAD_BALANCE)
             source = await admin.unload_topic("/r/t")
 
             async def moved() -> bool:
                 return (await admin.view()).owner("/r/t") not in (None, source)
 
             await wait_until(moved, 10, "/r/t placed on the other broker")
-            assert store.held >= 1  # the rankings write was waiting all along
-            assert await store.get(keys.LOAD_BALANCE) is None
+            assert store.held == 1  # still the one write, waiting all along
+            assert await store.get(keys.LOAD_BALANCE) == posted
             store.release.set()
-            await wait_until(
-                lambda: _present(store, keys.LOAD_BALANCE), 10, "the rankings posted at last"
-            )
 
+            async def posted_again() -> bool:
+                kv = await store.get(keys.LOAD_BALANCE)
+                return kv is not None and kv != posted
 
-async def _present(store: MetadataStore, key: str) -> bool:
-    return await store.get(key) is not None
+            await wait_until(posted_again, 10, "the latest rankings posted at last")

@@ -164,6 +164,7 @@ class LeaderSession:
         # never waits for that write (a ready marker arriving meanwhile is placed at once).
         self._rankings: dict[str, Any] | None = None
         self._rankings_due = asyncio.Event()
+        self._rankings_posting = False
 
     # -- what the admin, the demo and tests read -------------------------------------------
 
@@ -246,8 +247,7 @@ class LeaderSession:
             for batch in queue.batches(current):
                 queue.feed(await asyncio.gather(*(self._perform_write(w) for w in batch)))
             if current.rankings is not None:
-                self._rankings = current.rankings.payload  # a newer one replaces it
-                self._rankings_due.set()
+                await self._post(current.rankings.payload)
             for record in current.history:
                 self._sink(record.report, record.mode)
             for delta in current.metrics:
@@ -259,7 +259,18 @@ class LeaderSession:
                     log.log(line.level, "%s: %s", self.manager.name, line.message)
         return done
 
+    async def _post(self, payload: dict[str, Any]) -> None:
+        """To the rankings task while it runs (a newer payload replaces one not posted
+        yet); before it does (the bootstrap, or a replay that drives `perform` alone),
+        written here, in order."""
+        if self._rankings_posting:
+            self._rankings = payload
+            self._rankings_due.set()
+        else:
+            await self._fenced([Put(keys.LOAD_BALANCE, payload)])
+
     async def _post_rankings(self) -> None:
+        self._rankings_posting = True
         while True:
             await self._rankings_due.wait()
             self._rankings_due.clear()
