@@ -290,9 +290,7 @@ class SubscriptionCursors:
         """Write every cursor that changed since its last write; returns how many."""
         async with self._lock:
             writes = self._changed_writes()
-            for write in writes:
-                await self._put(write.key, write.value)
-                self._written(write)
+            await self._write_each(writes)
         return len(writes)
 
     async def flush_with(self, write: Callable[[Sequence[Put]], Awaitable[bool]]) -> bool:
@@ -307,15 +305,18 @@ class SubscriptionCursors:
             writes = self._changed_writes()
             size = sum(len(json.dumps(w.value)) for w in writes)
             if len(writes) > FOLD_MAX_CURSORS or size > FOLD_MAX_BYTES:
-                for each in writes:
-                    await self._put(each.key, each.value)
-                    self._written(each)
+                await self._write_each(writes)
                 writes = []
             done = await write([Put(w.key, w.value) for w in writes])
             if done:
                 for each in writes:
                     self._written(each)
             return done
+
+    async def _write_each(self, writes: list[_CursorWrite]) -> None:
+        for each in writes:
+            await self._put(each.key, each.value)
+            self._written(each)
 
     def _changed_writes(self) -> list[_CursorWrite]:
         """The write of every cursor changed since its last one (under `_lock`)."""
