@@ -321,7 +321,12 @@ class WriteAheadLog:
         """Scan the segment files, verify every record and truncate a bad tail."""
         if self._recovered:
             raise WalError(f"{self.name}: already recovered")
-        recovery = await asyncio.to_thread(self._recover_sync)
+        if self.directory.exists():
+            recovery = await asyncio.to_thread(self._recover_sync)
+        else:
+            # Nothing to scan (a topic new to this broker, e.g. one that moved here): no
+            # thread hop on a move's path, only the directory to create.
+            recovery = self._recover_sync()
         self._recovered = True
         if recovery.truncated_bytes or recovery.dropped_segments:
             self._stats.wal_truncated_tails += 1
