@@ -295,12 +295,14 @@ async def test_brokers_that_cannot_read_each_others_objects_are_refused(
         return proc
 
     try:
-        await broker("h1")
-
-        async def registered() -> bool:
-            return await etcd_store.get(keys.register("h1")) is not None
-
-        await wait_until(registered, 30, "h1 to register")
+        first = await broker("h1")
+        assert first.stdout is not None
+        # The operator is told where it serves (the default log level says nothing else).
+        line = (await asyncio.wait_for(first.stdout.readline(), 30)).decode()
+        kv = await etcd_store.get(keys.register("h1"))
+        assert kv is not None
+        assert line.startswith(f"broker h1 serving clients on {kv.value['broker_url']}; ")
+        assert "gateways' link port " in line and line.rstrip().endswith("; metrics off")
         second = await broker("h2")
         _, err = await asyncio.wait_for(second.communicate(), 60)
         assert second.returncode == 2

@@ -54,6 +54,10 @@ def _fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _say_serving(_broker: str, serving: str) -> None:
+    typer.echo(serving)  # the default log level (WARNING) says nothing on a good start
+
+
 def _run_admin(etcd: str, config: Path | None, action: Callable[[AdminClient], Awaitable[T]]) -> T:
     """Open the store, run one admin action, turn failures into a clear exit."""
     try:
@@ -425,7 +429,7 @@ def register(app: typer.Typer) -> None:
             metrics = {"enabled": metrics_port > 0, "port": metrics_port}
             cfg = cfg.model_copy(update={"metrics": cfg.metrics.model_copy(update=metrics)})
         try:
-            asyncio.run(serve(etcd, cfg, broker_id, profiles=profiles))
+            asyncio.run(serve(etcd, cfg, broker_id, profiles=profiles, on_started=_say_serving))
         except (ValueError, OSError, MetadataError, ObjectStoreMismatchError) as exc:
             raise _fail(str(exc), 2) from None
 

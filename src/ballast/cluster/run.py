@@ -57,9 +57,12 @@ async def serve(
     *,
     profiles: str | None = None,
     synthetic_resources: bool = False,
-    on_started: Callable[[BrokerId], None] | None = None,
+    on_started: Callable[[BrokerId, str], None] | None = None,
 ) -> None:
-    """Serve one broker until SIGINT/SIGTERM (synthetic topics when `profiles` is given)."""
+    """Serve one broker until SIGINT/SIGTERM (synthetic topics when `profiles` is given).
+
+    `on_started` gets the broker's id and a line for the operator saying where it serves
+    (once it registered and took part in the election)."""
     broker_id = validate_broker_id(broker_id) if broker_id else default_broker_id(config)
     clock = SystemClock()
     store = open_store(etcd, clock)
@@ -115,12 +118,26 @@ async def serve(
             if process.started.is_set():
                 heap.settle()
                 if on_started is not None:
-                    on_started(broker_id)
+                    on_started(broker_id, _serving(broker_id, config, server, profiles))
             started.cancel()
             await runner
         finally:
             if server is not None:
                 await server.stop()
+
+
+def _serving(
+    broker_id: BrokerId, config: BallastConfig, server: DataPlaneServer | None, profiles: str | None
+) -> str:
+    metrics = (
+        f"metrics on http://{config.metrics.host}:{config.metrics.port}/metrics"
+        if config.metrics.enabled
+        else "metrics off"
+    )
+    if server is None:
+        return f"broker {broker_id} started with synthetic topics ({profiles or 'idle'}); {metrics}"
+    link = f"gateways' link port {server.link_port}" if server.link_port else "no link port"
+    return f"broker {broker_id} serving clients on {config.broker.broker_url}; {link}; {metrics}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -145,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
             update={"broker": config.broker.model_copy(update={"broker_url": args.broker_url})}
         )
 
-    def started(broker_id: BrokerId) -> None:
+    def started(broker_id: BrokerId, _serving: str) -> None:
         # Tests wait for this line before they start killing things.
         print(f"BROKER-STARTED {broker_id}", flush=True)
 
