@@ -115,6 +115,14 @@ def relays(broker: DataBroker) -> float:
     return registry.get_sample_value("ballast_dataplane_consumer_relays_total") or 0.0
 
 
+def handovers(broker: DataBroker, step: str) -> tuple[float, float]:
+    """(count, seconds in all) of `broker`'s move steps: ``seal`` or ``open``."""
+    registry = broker.host.counters.registry
+    name, labels = "ballast_dataplane_topic_handover_seconds", {"step": step}
+    count = registry.get_sample_value(f"{name}_count", labels) or 0.0
+    return count, registry.get_sample_value(f"{name}_sum", labels) or 0.0
+
+
 class DataCluster:
     """Brokers with a data plane in this event loop, over one store."""
 

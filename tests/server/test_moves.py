@@ -21,6 +21,7 @@ from tests.server.helpers import (
     GatedObjects,
     SubType,
     data_config,
+    handovers,
     new_client,
     relays,
     wait_until,
@@ -268,7 +269,7 @@ async def test_a_move_makes_its_marker_ready_in_the_seals_own_write(
                 ready_at = event.revision
             if sealed_at is not None and ready_at is not None:
                 break
-    await watch.aclose()
+    await watch.aclose()  # type: ignore[attr-defined]  # an async generator
     assert sealed_at == ready_at
     await producer.close()
 
@@ -332,10 +333,15 @@ async def test_acks_above_the_oldest_unacked_survive_a_move(cluster: DataCluster
             await consumer.ack(m)
     source = cluster.owner("/default/acks")
     assert source is not None
+    assert handovers(source, "seal")[0] == 0
     await AdminClient(cluster.store).unload_topic("/default/acks")
-    await cluster.wait_moved("/default/acks", source)  # m6 is then the new owner's
+    target = await cluster.wait_moved("/default/acks", source)  # m6 is then the new owner's
+    # Each broker's part of the move is on its metrics (one seal here, one open there).
+    sealed, sealing = handovers(source, "seal")
+    assert sealed == 1 and 0 < sealing < 10
+    assert handovers(target, "open")[0] == 1 and handovers(target, "seal")[0] == 0
     await producer.send(b"m6")
-    after = []
+    after: list[Any] = []
     while not after or after[-1].msg_id.topic_offset != 6:
         after.append(await asyncio.wait_for(queue.get(), 20))
         await consumer.ack(after[-1])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -208,8 +209,11 @@ class DataPlaneHost:
         # Read with the metadata: a reliable topic's open needs it (for another topic it
         # is one wasted read of an empty prefix); one round trip less on a move's path.
         listing = asyncio.ensure_future(self.store.get_prefix(keys.storage_topic_prefix(name)))
+        began = time.perf_counter()
         try:
             await self._start_serving(topic, name, marker, listing)
+            if topic in self.topics:
+                self.counters.handover.labels("open").observe(time.perf_counter() - began)
         finally:
             if not listing.done():
                 await cancel_and_wait(listing)
@@ -319,8 +323,10 @@ class DataPlaneHost:
             consumer.closing = True
             self._later(self.settings.close_handshake_seconds, self._forget_consumer, consumer)
         unsealed: SealError | None = None
+        began = time.perf_counter()
         try:
             sealed = await served.leave(handoff)
+            self.counters.handover.labels("seal").observe(time.perf_counter() - began)
         except SealError as exc:
             # Handed over unsealed: everything acknowledged is in object storage already.
             unsealed, sealed = exc, None

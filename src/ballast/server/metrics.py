@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = ["DataPlaneMetrics"]
 
@@ -78,6 +78,15 @@ class DataPlaneMetrics:
         self.consumer_relays = Counter(
             "ballast_dataplane_consumer_relays",
             "Consumers of a topic that moved away relayed from its new owner (relay.py)",
+            registry=r,
+        )
+        self.handover = Histogram(
+            "ballast_dataplane_topic_handover_seconds",
+            "A move's steps on this broker: seal (stop serving a topic that moves away: "
+            "appends settled, uploads drained, sealed state written) and open (start "
+            "serving one that moved here or was placed here, until its clients are served)",
+            ["step"],
+            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0),
             registry=r,
         )
         self.subscription_buffered_bytes = Gauge(
