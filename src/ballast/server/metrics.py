@@ -89,6 +89,8 @@ class DataPlaneMetrics:
             buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0),
             registry=r,
         )
+        for step in ("seal", "open"):
+            self.handover.labels(step)  # exported (at zero) before the first move
         self.subscription_buffered_bytes = Gauge(
             "ballast_dataplane_subscription_buffered_bytes",
             "Bytes read ahead for subscriptions (each bounded by subscription_buffer_bytes)",
