@@ -22,6 +22,7 @@ from ballast.storage import (
     StorageStats,
     SubscriptionCursors,
 )
+from ballast.storage.cursor import _size_bound
 from tests.etcd_fixtures import EtcdServer, etcd_server
 
 from .helpers import eventually
@@ -160,6 +161,8 @@ async def test_a_cap_sized_value_is_written_to_etcd_far_below_its_request_limit(
         kv = await store.get(KEY)
         assert kv is not None and len(kv.value["acked_above"]) == config.cursor_ack_ranges
         assert len(json.dumps(kv.value)) < 256 * 1024
+        # What the seal's transaction counts for it (without encoding) is never below.
+        assert _size_bound(kv.value) >= len(json.dumps(kv.value))
         loaded = await SubscriptionCursors(TOPIC, store, clock=clock, config=config).load("s")
         assert loaded is not None and loaded.acked_above[0] == (base + 2, base + 2)
         await store.delete(KEY)

@@ -223,8 +223,7 @@ class LinkService(grpc.GenericRpcHandler):
                 log.warning("link connection from %s: not a Ballast link; closed", peer)
                 return
             async for out in self._replies(linked, _tcp_frames(reader, self.max_frame_bytes)):
-                writer.write(_LENGTH.pack(len(out)) + out)
-                await writer.drain()
+                await _tcp_write(writer, out)
         except LinkFrameError as exc:
             log.warning("link connection from %s: %s; closed", peer, exc)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -527,12 +526,16 @@ class _Opened:
 
 
 def _tcp_opened(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Opened:
-    async def write(frame: bytes) -> None:
-        writer.write(_LENGTH.pack(len(frame)) + frame)
-        await writer.drain()
-
     # Reply frames answer what this gateway sent (each below BATCH_BYTES): no limit here.
-    return _Opened(write, _tcp_frames(reader, _LENGTH_MAX), writer.close)
+    return _Opened(
+        functools.partial(_tcp_write, writer), _tcp_frames(reader, _LENGTH_MAX), writer.close
+    )
+
+
+async def _tcp_write(writer: asyncio.StreamWriter, frame: bytes) -> None:
+    """One frame of a TCP link (``<length: u32><frame>``), either way."""
+    writer.write(_LENGTH.pack(len(frame)) + frame)
+    await writer.drain()
 
 
 async def _tcp_frames(reader: asyncio.StreamReader, limit: int) -> AsyncIterator[bytes]:
