@@ -58,6 +58,7 @@ from ballast.server.auth import bearer_token
 from ballast.server.directory import Directory
 from ballast.server.gateway_metrics import serve_metrics
 from ballast.server.gateway_sessions import ConsumerSession, HeldBudget, SessionTable
+from ballast.server.h2grpc import H2GrpcServer
 from ballast.server.link import ACK_LINK_METHOD, BATCH_BYTES, LINK_METHOD, SendLink, rpc_error
 from ballast.server.protocol import (
     CLIENT_CONSUMER,
@@ -68,11 +69,12 @@ from ballast.server.protocol import (
     pb,
 )
 from ballast.server.relay import CARRIED_HEADER
+from ballast.server.rpc import WrappingInterceptor
 from ballast.server.security import (
     channel_credentials,
     client_ssl_context,
     interceptors,
-    server_credentials,
+    server_ssl_context,
     token_authority,
 )
 from ballast.server.server import MAX_RECEIVE_BYTES, split_url
@@ -397,7 +399,7 @@ class _Abort(Exception):
         self.message = message
 
 
-class Gateway(Served, grpc.GenericRpcHandler):
+class Gateway(Served):
     """Serves the client protocol by answering lookups and forwarding everything else."""
 
     def __init__(self, store: MetadataStore, config: BallastConfig, listen: str) -> None:
@@ -418,7 +420,7 @@ class Gateway(Served, grpc.GenericRpcHandler):
         self.held = HeldBudget(self.settings.held_sends_max, self.settings.held_bytes_max)
         self._reacks: set[asyncio.Task[None]] = set()
         self._held: dict[int, set[asyncio.Event]] = {}
-        self._server: grpc.aio.Server | None = None
+        self._server: H2GrpcServer | None = None
         self._metrics: WSGIServer | None = None
         self.metrics_url = ""  # host:port of the Prometheus endpoint, when served
         self._watch: asyncio.Task[None] | None = None
@@ -447,10 +449,6 @@ class Gateway(Served, grpc.GenericRpcHandler):
 
     # -- serving ---------------------------------------------------------------------------
 
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
-        # Unknown methods get None (UNIMPLEMENTED): nothing is kept per made-up name.
-        return self._handlers.get(handler_call_details.method)
-
     def _schema_handler(self, method: str) -> Any:
         """The schema registry lives in the metadata store: any broker answers it."""
 
@@ -471,30 +469,27 @@ class Gateway(Served, grpc.GenericRpcHandler):
         self._watch = asyncio.create_task(self.table.run(), name="gateway/owners")
         async with asyncio.timeout(30):
             await self.table.ready.wait()
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
-                ("grpc.so_reuseport", 0),
-            ],
-            interceptors=interceptors(
-                token_authority(self.config), lambda rpc, code: self._count(f"refused_{code}")
-            ),
+        handlers = dict(self._handlers)
+        for interceptor in interceptors(
+            token_authority(self.config), lambda rpc, code: self._count(f"refused_{code}")
+        ):
+            assert isinstance(interceptor, WrappingInterceptor)
+            handlers = {method: interceptor.wrap(method, h) for method, h in handlers.items()}
+        server = H2GrpcServer(
+            handlers.get,
+            max_receive=MAX_RECEIVE_BYTES,
+            ssl_context=server_ssl_context(self.config.tls),
         )
-        server.add_generic_rpc_handlers((self,))
-        address = f"{self.bind_host}:{self.bind_port}"
-        credentials = server_credentials(self.config.tls)
         try:
-            if credentials is None:
-                port = server.add_insecure_port(address)
-            else:
-                port = server.add_secure_port(address, credentials)
-        except RuntimeError:
-            port = 0
-        if port == 0:
-            raise OSError(f"gateway {address}: cannot listen there (in use?); choose another port")
+            port = await server.start(self.bind_host, self.bind_port)
+        except OSError as exc:
+            address = f"{self.bind_host}:{self.bind_port}"
+            raise OSError(
+                f"gateway {address}: cannot listen there ({exc.strerror or exc}); "
+                "choose another port"
+            ) from None
         self.url = f"{self.bind_host}:{port}"
         self.advertise = self.settings.advertise or self.url
-        await server.start()
         self._server = server
         log.info("gateway: serving on %s (advertised as %s)", self.url, self.advertise)
         if self.settings.metrics_port:
