@@ -1,4 +1,5 @@
-"""What one Python gRPC hop costs before it does anything: the gateway's floor (issue 20).
+"""What one `grpc.aio` hop costs before it does anything (issue 20; why the gateway has
+its own HTTP/2 server, `ballast.server.h2grpc`).
 
 A `grpc.aio` server that answers every unary call with its own request (no parsing, no
 forwarding), called by 8 concurrent callers sending 1 KiB each, one call at a time (as

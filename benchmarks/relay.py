@@ -1,4 +1,5 @@
-"""The cheapest forwarder in front of one broker: the floor a Python gateway can reach.
+"""The cheapest `grpc.aio` forwarder in front of one broker: what a Python gateway on
+`grpc.aio`'s server costs at least (the gateway itself serves on `h2grpc` instead).
 
 Not part of Ballast: `bench_failover.py` runs it beside the real gateway so the gateway's
 overhead can be read against what merely adding a Python gRPC hop costs on the same

@@ -369,3 +369,44 @@ async def test_acks_travel_on_their_own_link_and_move_the_cursor(
             stream.cancel()
             await sends.close()
             await acks.close()
+
+
+async def test_a_linked_send_the_broker_never_answers_ends_at_its_deadline() -> None:
+    """A broker that reads the link and answers nothing: each send fails at its own
+    deadline with DEADLINE_EXCEEDED, and a later send still gets its full time."""
+    received: list[bytes] = []
+
+    async def silent(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        async for frame in frames:
+            received.append(frame)
+        yield b""  # never reached while the gateway keeps the link open
+
+    service, method = LINK_METHOD.strip("/").split("/")
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(
+            service, {method: grpc.stream_stream_rpc_method_handler(silent)}
+        ),)
+    )  # fmt: skip
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    link = SendLink(channel, f"127.0.0.1:{port}")
+    try:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        with pytest.raises(grpc.aio.AioRpcError) as first:
+            await link.send(b"one", None, 0.3)
+        assert first.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        assert 0.25 <= loop.time() - began < 2.0
+        began = loop.time()
+        with pytest.raises(grpc.aio.AioRpcError) as second:
+            await link.send(b"two", None, 0.5)
+        assert second.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+        assert 0.45 <= loop.time() - began < 2.0
+        assert len(received) == 2  # both went out on the one link
+        assert not link._pending  # nothing kept of either
+    finally:
+        await link.close()
+        await channel.close()
+        await server.stop(0)

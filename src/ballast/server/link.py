@@ -367,18 +367,21 @@ class SendLink:
         link is lost; UNIMPLEMENTED when the broker has no link)."""
         self._next_id += 1
         call_id = self._next_id
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bytes] = loop.create_future()
         self._pending[call_id] = future
         record = encode_record(call_id, request_body(token, message))
         self._outbox.append(record)
         self._wake.set()
         if self._run is None or self._run.done():
             self._run = asyncio.create_task(self._stream(), name=f"gateway/link {self.url}")
+        # A timer, not `wait_for`: that wraps the future in one more, and its caller
+        # resumes a loop turn later (each turn on a busy gateway is a client's wait).
+        timer = loop.call_later(timeout, _expire, future)
         try:
-            return await asyncio.wait_for(future, timeout)
-        except TimeoutError:
-            raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+            return await future
         finally:
+            timer.cancel()
             self._pending.pop(call_id, None)
 
     async def _stream(self) -> None:
@@ -549,6 +552,11 @@ async def _tcp_frames(reader: asyncio.StreamReader, limit: int) -> AsyncIterator
             yield await reader.readexactly(length)
         except asyncio.IncompleteReadError:
             return  # the peer went (mid-frame or not): the connection ended
+
+
+def _expire(future: asyncio.Future[bytes]) -> None:
+    if not future.done():
+        future.set_exception(rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
 
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
