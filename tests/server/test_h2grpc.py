@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import struct
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
+import hpack
 import pytest
 
 from ballast.server.h2grpc import CallContext, H2GrpcServer
@@ -174,3 +176,150 @@ async def test_a_taken_port_is_an_os_error() -> None:
             await H2GrpcServer({}.get, max_receive=_MAX, ssl_context=None).start("127.0.0.1", port)
     finally:
         await first.stop(0)
+
+
+# -- a client that writes frames by hand: what grpc.aio never sends ------------------------
+
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def _raw_frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+    return struct.pack(">BHBBI", len(payload) >> 16, len(payload) & 0xFFFF, kind, flags, stream) + (
+        payload
+    )
+
+
+class _RawClient:
+    """Frames written by hand; the server's frames read back and decoded."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.encoder = hpack.Encoder()
+        self.decoder = hpack.Decoder()
+
+    @classmethod
+    async def connect(cls, port: int) -> _RawClient:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_PREFACE + _raw_frame(4, 0, 0, b""))
+        return cls(reader, writer)
+
+    def request_block(self, path: str) -> bytes:
+        return bytes(self.encoder.encode(
+            [(":method", "POST"), (":scheme", "http"), (":path", path),
+             (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers")]
+        ))  # fmt: skip
+
+    async def frames(self, until: Callable[[int, int, int, bytes], bool]) -> list[Any]:
+        """Frames read until `until(kind, flags, stream, payload)` holds (or the end)."""
+        seen: list[Any] = []
+        while True:
+            try:
+                head = await asyncio.wait_for(self.reader.readexactly(9), 5)
+            except asyncio.IncompleteReadError:
+                return seen
+            high, low, kind, flags, stream = struct.unpack(">BHBBI", head)
+            payload = await self.reader.readexactly((high << 16) | low)
+            if kind == 1:  # headers: decoded
+                seen.append((kind, flags, stream, dict(self.decoder.decode(payload, raw=True))))
+            else:
+                seen.append((kind, flags, stream, payload))
+            if until(kind, flags, stream, payload):
+                return seen
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _ended(stream: int) -> Callable[[int, int, int, bytes], bool]:
+    return lambda kind, flags, s, _: kind == 1 and s == stream and bool(flags & 1)
+
+
+def _goaway(kind: int, flags: int, stream: int, payload: bytes) -> bool:
+    return kind == 7
+
+
+def _message(payload: bytes) -> bytes:
+    return struct.pack(">BI", 0, len(payload)) + payload
+
+
+async def test_padding_continuation_and_pings_as_the_protocol_allows(served: Any) -> None:
+    _, server, _ = served
+    port = server._server.sockets[0].getsockname()[1]
+    client = await _RawClient.connect(port)
+    try:
+        # HEADERS padded and with a priority, its block continued in CONTINUATION; the
+        # message in a padded DATA frame.
+        block = client.request_block("/t.S/Echo")
+        head = bytes([3]) + b"\x00\x00\x00\x00\x10" + block[:5] + b"\x00" * 3
+        client.writer.write(
+            _raw_frame(1, 0x08 | 0x20, 1, head)  # PADDED | PRIORITY, no END_HEADERS
+            + _raw_frame(9, 0x04, 1, block[5:])  # CONTINUATION, END_HEADERS
+            + _raw_frame(6, 0, 0, b"pingpong")
+            + _raw_frame(0, 0x08 | 0x01, 1, bytes([2]) + _message(b"padded") + b"\x00\x00")
+        )
+        frames = await client.frames(_ended(1))
+        assert (6, 1, 0, b"pingpong") in frames  # the PING answered
+        data = [f[3] for f in frames if f[0] == 0 and f[2] == 1]
+        assert data == [_message(b"padded")]
+        assert frames[-1][3][b"grpc-status"] == b"0"
+    finally:
+        client.close()
+
+
+async def test_a_client_breaking_the_protocol_loses_only_its_own_connection(
+    served: Any,
+) -> None:
+    _, server, channel = served
+    port = server._server.sockets[0].getsockname()[1]
+    echo = channel.unary_unary("/t.S/Echo")
+    assert await echo(b"before") == b"before"
+    breaches = [
+        b"GET / HTTP/1.1\r\n\r\n",  # not HTTP/2
+        _raw_frame(0, 0x01, 5, _message(b"x")),  # DATA on a stream never opened
+        _raw_frame(1, 0x04, 2, b""),  # a client opening an even stream
+        _raw_frame(1, 0x04, 1, b"\xff\xff\xff\xff"),  # a header block that is no HPACK
+        _raw_frame(1, 0x00, 1, b"") + _raw_frame(6, 0, 0, b"pingpong"),  # block cut
+        _raw_frame(0, 0, 1, b"x" * 20000),  # a frame above 16 KiB
+    ]
+    for breach in breaches:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        client = _RawClient(reader, writer)
+        try:
+            preface = b"" if breach.startswith(b"GET") else _PREFACE + _raw_frame(4, 0, 0, b"")
+            writer.write(preface + breach)
+            frames = await client.frames(_goaway)
+            assert frames[-1][0] == 7, breach
+            code = struct.unpack(">I", frames[-1][3][4:8])[0]
+            assert code != 0, breach
+            assert await reader.read() == b""  # and the connection ends
+        finally:
+            client.close()
+    assert await echo(b"after") == b"after"  # the well-behaved client never noticed
+
+
+async def test_a_refused_stream_and_data_after_an_answer_keep_the_connection(
+    served: Any,
+) -> None:
+    """A request bigger than the limit is answered and reset (NO_ERROR) while its bytes
+    still come; those are dropped and the next call on the same connection is served."""
+    _, server, _ = served
+    port = server._server.sockets[0].getsockname()[1]
+    client = await _RawClient.connect(port)
+    try:
+        big = _message(b"z" * (_MAX + 100))
+        client.writer.write(_raw_frame(1, 0x04, 1, client.request_block("/t.S/Echo")))
+        for start in range(0, len(big), 16384):
+            last = start + 16384 >= len(big)
+            client.writer.write(_raw_frame(0, 0x01 if last else 0, 1, big[start : start + 16384]))
+        client.writer.write(
+            _raw_frame(1, 0x04, 3, client.request_block("/t.S/Echo"))
+            + _raw_frame(0, 0x01, 3, _message(b"next"))
+        )
+        frames = await client.frames(_ended(3))
+        ends = {f[2]: f[3] for f in frames if f[0] == 1 and f[1] & 1}
+        assert ends[1][b"grpc-status"] == b"8"  # RESOURCE_EXHAUSTED
+        assert ends[3][b"grpc-status"] == b"0"
+        assert (3, 0, 1, struct.pack(">I", 0)) in frames  # RST_STREAM NO_ERROR on 1
+    finally:
+        client.close()

@@ -1,20 +1,23 @@
-"""gRPC over HTTP/2 on asyncio (the `h2` library): the gateway's client-facing server.
+"""gRPC over HTTP/2 on asyncio: the gateway's client-facing server.
 
 The gateway forwards bytes; what it costs is the server under it. `grpc.aio`'s server
 spends most of its ~0.5 ms of CPU per unary call in its own machinery (a poller thread, a
-task and several completion-queue hops per call), and it writes each reply on its own, so
-the client's channel wakes once per reply too. This server does what a forwarding front
-needs and no more: one `asyncio.Protocol` per connection, each call a task, replies of a
-loop iteration coalesced into one socket write. Measured side by side (8 producers, one
-broker): the gateway's CPU per message falls by about a third and the client's and the
-broker's with it (benchmarks/bench_moves.py).
+task and several completion-queue hops per call) and writes each reply on its own, so the
+client's channel wakes once per reply too; a general HTTP/2 library in Python (`h2`) still
+spends ~0.2 ms per call in its state machines. This server speaks the part of HTTP/2 a
+gRPC front needs and no more: one `asyncio.Protocol` per connection that cuts frames out
+of what it reads, decodes request headers with `hpack` (the client's dynamic table), writes
+its own few response header blocks as constant bytes (literals that never touch a
+dynamic table), runs each call as a task and writes the replies of a loop iteration in
+one socket write. Measured side by side in `benchmarks/bench_moves.py`.
 
 It serves `grpc.RpcMethodHandler`s as `grpc.aio` does — unary-unary and unary-stream (all
 the client protocol has), with their (de)serializers — and hands each a `CallContext`
 with the part of `grpc.aio.ServicerContext` the gateway and its token check use
 (`invocation_metadata`, `abort`, `peer`). Deadlines (``grpc-timeout``), cancellation
-(RST_STREAM, a lost connection), flow control on long streams, message size limits,
-TLS with ALPN and a graceful stop (GOAWAY, then a grace period) are handled here.
+(RST_STREAM, a lost connection), flow control both ways, message and header size limits,
+TLS with ALPN and a graceful stop (GOAWAY, then a grace period) are handled here; a
+protocol error from a client ends its connection with GOAWAY and the error's code.
 """
 
 from __future__ import annotations
@@ -30,36 +33,84 @@ from typing import Any, NoReturn
 from urllib.parse import quote
 
 import grpc
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
-from hyperframe.frame import GoAwayFrame
+import hpack
 
 __all__ = ["CallContext", "H2GrpcServer"]
 
 log = logging.getLogger(__name__)
 
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+# Frame types and flags (RFC 9113 §6).
+_DATA, _HEADERS, _PRIORITY, _RST_STREAM, _SETTINGS = 0, 1, 2, 3, 4
+_PUSH_PROMISE, _PING, _GOAWAY, _WINDOW_UPDATE, _CONTINUATION = 5, 6, 7, 8, 9
+_END_STREAM, _ACK, _END_HEADERS, _PADDED, _PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
+# Error codes.
+_NO_ERROR, _PROTOCOL_ERROR, _FLOW_CONTROL_ERROR = 0, 1, 3
+_FRAME_SIZE_ERROR, _REFUSED_STREAM, _COMPRESSION_ERROR = 6, 7, 9
+# Settings.
+_INITIAL_WINDOW_SIZE, _MAX_FRAME_SIZE, _MAX_CONCURRENT_STREAMS = 0x4, 0x5, 0x3
+
+_FRAME = struct.Struct(">BHBBI")  # length (24 bits, as 8 + 16), type, flags, stream id
+_SETTING = struct.Struct(">HI")
+_U32 = struct.Struct(">I")
+_PREFIX = struct.Struct(">BI")  # a gRPC message: compressed flag, length
+
+_MAX_FRAME = 16384  # what we accept (the protocol's default: not raised)
+_DEFAULT_WINDOW = 65535
 _WINDOW = 1 << 24  # what a connection may have in flight towards us (acked as read)
 _STREAM_WINDOW = 1 << 20  # and each call
-_BUFFERED_MAX = 256 << 20  # request bytes of unfinished calls one connection may hold
 _MAX_STREAMS = 4096  # concurrent calls per connection (each consumer holds one stream)
-_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"))
-_OK = ((b"grpc-status", b"0"),)
-_PREFIX = struct.Struct(">BI")  # a gRPC message: compressed flag, length
+_MAX_HEADER_BLOCK = 1 << 16  # bytes of one request's header block
+_BUFFERED_MAX = 256 << 20  # request bytes of unfinished calls one connection may hold
+_MAX_DETAILS = 4096  # bytes of a status message sent (one header frame in all)
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
-_CONFIG = h2.config.H2Configuration(
-    client_side=False,
-    header_encoding=None,  # bytes: nothing decoded that is not read
-    validate_inbound_headers=False,
-    normalize_inbound_headers=False,
-    validate_outbound_headers=False,
-    normalize_outbound_headers=False,
-)
 
 HandlerLookup = Callable[[str], Any]  # method -> grpc.RpcMethodHandler | None
+
+
+def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    size = len(payload)
+    return _FRAME.pack(size >> 16, size & 0xFFFF, kind, flags, stream_id) + payload
+
+
+def _hpack_int(value: int, prefix: int, first: int = 0) -> bytes:
+    """HPACK's integer (RFC 7541 §5.1) in a `prefix`-bit prefix, OR-ed into `first`."""
+    limit = (1 << prefix) - 1
+    if value < limit:
+        return bytes([first | value])
+    out = bytearray([first | limit])
+    value -= limit
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _literal(name: bytes, value: bytes) -> bytes:
+    """A header field literal without indexing, new name, no Huffman (§6.2.2)."""
+    return b"\x00" + _hpack_int(len(name), 7) + name + _hpack_int(len(value), 7) + value
+
+
+# `:status: 200` (static index 8) and `content-type: application/grpc` (name index 31).
+_RESPONSE_BLOCK = b"\x88" + _hpack_int(31, 4) + _hpack_int(16, 7) + b"application/grpc"
+_OK_BLOCK = _literal(b"grpc-status", b"0")
+
+
+def _status_block(code: grpc.StatusCode, details: str) -> bytes:
+    block = _literal(b"grpc-status", str(code.value[0]).encode())
+    if details:
+        encoded = quote(details, safe=" ").encode()[:_MAX_DETAILS]
+        block += _literal(b"grpc-message", encoded)
+    return block
+
+
+class _ConnectionError(Exception):
+    """A protocol error: the connection ends with GOAWAY and `code`."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class _Aborted(Exception):
@@ -89,27 +140,53 @@ class CallContext:
 
 
 class _Call:
-    __slots__ = ("body", "handler", "metadata", "method", "sent", "stream_id", "task", "timeout")
+    __slots__ = (
+        "body",
+        "handler",
+        "metadata",
+        "method",
+        "receiving",
+        "sent",
+        "stream_id",
+        "task",
+        "timeout",
+        "unacked",
+        "window",
+    )
 
-    def __init__(self, stream_id: int, method: str, handler: Any) -> None:
+    def __init__(self, stream_id: int, window: int) -> None:
         self.stream_id = stream_id
-        self.method = method
-        self.handler = handler
+        self.window = window  # what we may still send on this stream
+        self.method = ""
+        self.handler: Any = None
         self.body = bytearray()
         self.metadata: tuple[tuple[str, str | bytes], ...] = ()
         self.timeout: float | None = None
         self.task: asyncio.Task[None] | None = None
+        self.receiving = True  # the client has not ended its side
+        self.unacked = 0  # request bytes read and not yet given back in a WINDOW_UPDATE
         self.sent = False  # response headers written
 
 
 class _Connection(asyncio.Protocol):
     def __init__(self, server: H2GrpcServer) -> None:
         self.server = server
-        self.h2 = h2.connection.H2Connection(config=_CONFIG)
         self.calls: dict[int, _Call] = {}
         self.transport: asyncio.Transport | None = None
         self.peer = ""
         self.buffered = 0  # bytes of requests not yet whole
+        self._in = bytearray()
+        self._preface = False
+        self._decoder = hpack.Decoder()
+        self._block = bytearray()  # a header block continued in CONTINUATION frames
+        self._block_stream = 0  # its stream (0: none pending)
+        self._block_flags = 0
+        self._last_stream = 0  # the highest stream the client opened
+        self._send_window = _DEFAULT_WINDOW  # what we may still send on the connection
+        self._stream_window = _DEFAULT_WINDOW  # the client's initial window per stream
+        self._max_frame = _MAX_FRAME  # the largest frame the client takes
+        self._recv_unacked = 0
+        self._out: list[bytes] = []
         self._flush_due = False
         self._window = asyncio.Event()  # set (and replaced) when a send window grows
 
@@ -121,15 +198,11 @@ class _Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"ipv4:{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.server.connections.add(self)
-        self.h2.local_settings = h2.settings.Settings(
-            client=False,
-            initial_values={
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: _STREAM_WINDOW,
-                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: _MAX_STREAMS,
-            },
+        settings = _SETTING.pack(_INITIAL_WINDOW_SIZE, _STREAM_WINDOW) + _SETTING.pack(
+            _MAX_CONCURRENT_STREAMS, _MAX_STREAMS
         )
-        self.h2.initiate_connection()
-        self.h2.increment_flow_control_window(_WINDOW)
+        self._out.append(_frame(_SETTINGS, 0, 0, settings))
+        self._out.append(_frame(_WINDOW_UPDATE, 0, 0, _U32.pack(_WINDOW - _DEFAULT_WINDOW)))
         self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -141,38 +214,49 @@ class _Connection(asyncio.Protocol):
         self._wake_writers()
 
     def data_received(self, data: bytes) -> None:
+        buf = self._in
+        buf += data
         try:
-            events = self.h2.receive_data(data)
-        except h2.exceptions.ProtocolError as exc:
-            log.info("gateway: HTTP/2 error from %s: %s; closing the connection", self.peer, exc)
-            self._flush()
-            if self.transport is not None:
-                self.transport.close()
+            if not self._preface:
+                if len(buf) < len(_PREFACE):
+                    if not _PREFACE.startswith(bytes(buf)):
+                        raise _ConnectionError(_PROTOCOL_ERROR, "not an HTTP/2 connection")
+                    return
+                if buf[: len(_PREFACE)] != _PREFACE:
+                    raise _ConnectionError(_PROTOCOL_ERROR, "not an HTTP/2 connection")
+                del buf[: len(_PREFACE)]
+                self._preface = True
+            pos, end = 0, len(buf)
+            while end - pos >= 9:
+                high, low, kind, flags, stream_id = _FRAME.unpack_from(buf, pos)
+                size = (high << 16) | low
+                if size > _MAX_FRAME:
+                    raise _ConnectionError(_FRAME_SIZE_ERROR, f"a frame of {size} bytes")
+                if end - pos - 9 < size:
+                    break
+                payload = bytes(buf[pos + 9 : pos + 9 + size])
+                pos += 9 + size
+                self._frame_in(kind, flags, stream_id & 0x7FFFFFFF, payload)
+            del buf[:pos]
+        except _ConnectionError as exc:
+            self._fail(exc.code, str(exc))
             return
-        for event in events:
-            if isinstance(event, h2.events.DataReceived):
-                self._data(event)
-            elif isinstance(event, h2.events.RequestReceived):
-                self._request(event)
-            elif isinstance(event, h2.events.StreamEnded):
-                self._ended(event.stream_id)
-            elif isinstance(event, h2.events.StreamReset):
-                call = self.calls.pop(event.stream_id, None)
-                if call is not None:
-                    self._forget_body(call)
-                    if call.task is not None:
-                        call.task.cancel()
-            elif isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
-                self._wake_writers()
-            elif isinstance(event, h2.events.ConnectionTerminated) and self.transport is not None:
-                self.transport.close()
         self._flush()
+
+    def _fail(self, code: int, message: str) -> None:
+        log.info("gateway: HTTP/2 error from %s: %s; closing the connection", self.peer, message)
+        self._out.append(_frame(_GOAWAY, 0, 0, _U32.pack(self._last_stream) + _U32.pack(code)))
+        self._flush()
+        if self.transport is not None:
+            self.transport.close()
 
     def _flush(self) -> None:
         self._flush_due = False
-        data = self.h2.data_to_send()
-        if data and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
+        if self._out:
+            data = b"".join(self._out)
+            self._out.clear()
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.write(data)
 
     def _flush_soon(self) -> None:
         """Write at the end of this loop iteration: the replies made in it go together."""
@@ -184,41 +268,121 @@ class _Connection(asyncio.Protocol):
         self._window.set()
         self._window = asyncio.Event()
 
-    # -- requests --------------------------------------------------------------------------
+    # -- frames in -------------------------------------------------------------------------
 
-    def _request(self, event: h2.events.RequestReceived) -> None:
-        sid = event.stream_id
+    def _frame_in(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if self._block_stream and (kind != _CONTINUATION or stream_id != self._block_stream):
+            raise _ConnectionError(_PROTOCOL_ERROR, "a header block cut by another frame")
+        if kind == _DATA:
+            self._data(flags, stream_id, payload)
+        elif kind == _HEADERS:
+            self._headers(flags, stream_id, payload)
+        elif kind == _CONTINUATION:
+            if not self._block_stream:
+                raise _ConnectionError(_PROTOCOL_ERROR, "CONTINUATION without HEADERS")
+            self._block += payload
+            if len(self._block) > _MAX_HEADER_BLOCK:
+                raise _ConnectionError(_PROTOCOL_ERROR, "a header block above 64 KiB")
+            if flags & _END_HEADERS:
+                block, self._block = bytes(self._block), bytearray()
+                stream_id, self._block_stream = self._block_stream, 0
+                self._request(self._block_flags, stream_id, block)
+        elif kind == _WINDOW_UPDATE:
+            self._window_update(stream_id, payload)
+        elif kind == _SETTINGS:
+            self._settings(flags, stream_id, payload)
+        elif kind == _PING:
+            if len(payload) != 8 or stream_id:
+                raise _ConnectionError(_FRAME_SIZE_ERROR, "a malformed PING")
+            if not flags & _ACK:
+                self._out.append(_frame(_PING, _ACK, 0, payload))
+        elif kind == _RST_STREAM:
+            call = self.calls.pop(stream_id, None)
+            if call is not None:
+                self._forget_body(call)
+                if call.task is not None:
+                    call.task.cancel()
+        elif kind == _PUSH_PROMISE:
+            raise _ConnectionError(_PROTOCOL_ERROR, "a client sent PUSH_PROMISE")
+        # PRIORITY, GOAWAY (the client leaves; its calls run out) and unknown types: nothing.
+
+    def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id == 0 or stream_id % 2 == 0:
+            raise _ConnectionError(_PROTOCOL_ERROR, f"HEADERS on stream {stream_id}")
+        start, end = 0, len(payload)
+        if flags & _PADDED:
+            if not payload:
+                raise _ConnectionError(_PROTOCOL_ERROR, "padded HEADERS without a pad length")
+            start, end = 1, end - payload[0]
+        if flags & _PRIORITY_FLAG:
+            start += 5
+        if start > end:
+            raise _ConnectionError(_PROTOCOL_ERROR, "HEADERS padding longer than the frame")
+        block = payload[start:end]
+        if flags & _END_HEADERS:
+            self._request(flags, stream_id, block)
+        else:
+            self._block = bytearray(block)
+            self._block_stream = stream_id
+            self._block_flags = flags
+
+    def _request(self, flags: int, stream_id: int, block: bytes) -> None:
+        try:
+            headers = self._decoder.decode(block, raw=True)
+        except hpack.HPACKError as exc:
+            raise _ConnectionError(_COMPRESSION_ERROR, f"header block: {exc}") from None
+        call = self.calls.get(stream_id)
+        if call is not None:  # trailers from a client: the end of its side
+            if flags & _END_STREAM:
+                self._ended(call)
+            return
+        if stream_id <= self._last_stream:
+            raise _ConnectionError(_PROTOCOL_ERROR, f"stream {stream_id} reused")
+        self._last_stream = stream_id
+        if len(self.calls) >= _MAX_STREAMS:
+            self._out.append(_frame(_RST_STREAM, 0, stream_id, _U32.pack(_REFUSED_STREAM)))
+            return
+        call = _Call(stream_id, self._stream_window)
         path = b""
-        timeout: float | None = None
         metadata: list[tuple[str, str | bytes]] = []
-        for key, value in event.headers:
+        for key, value in headers:
             if key[:1] == b":":
                 if key == b":path":
                     path = value
             elif key == b"grpc-timeout":
-                timeout = _timeout(value)
+                call.timeout = _timeout(value)
             elif key not in (b"te", b"content-type"):
                 name = key.decode("latin-1")
                 if name.endswith("-bin"):
                     metadata.append((name, base64.b64decode(value + b"==")))
                 else:
                     metadata.append((name, value.decode("latin-1")))
-        method = path.decode("latin-1")
-        call = _Call(sid, method, self.server.handler(method))
+        call.method = path.decode("latin-1")
+        call.handler = self.server.handler(call.method)
         call.metadata = tuple(metadata)
-        call.timeout = timeout
-        self.calls[sid] = call
-        if event.stream_ended is not None:
-            self._ended(sid)
+        self.calls[stream_id] = call
+        if flags & _END_STREAM:
+            self._ended(call)
 
-    def _data(self, event: h2.events.DataReceived) -> None:
-        sid = event.stream_id
-        self.h2.acknowledge_received_data(event.flow_controlled_length, sid)
-        call = self.calls.get(sid)
-        if call is None or call.task is not None:
-            return
-        call.body += event.data
-        self.buffered += len(event.data)
+    def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id == 0:
+            raise _ConnectionError(_PROTOCOL_ERROR, "DATA on stream 0")
+        self._recv_unacked += len(payload)
+        if self._recv_unacked >= _WINDOW // 2:
+            self._out.append(_frame(_WINDOW_UPDATE, 0, 0, _U32.pack(self._recv_unacked)))
+            self._recv_unacked = 0
+        call = self.calls.get(stream_id)
+        if call is None or not call.receiving:
+            if stream_id > self._last_stream:
+                raise _ConnectionError(_PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
+            return  # a call answered or reset already: its remaining bytes go unread
+        data = payload
+        if flags & _PADDED:
+            if not payload or payload[0] >= len(payload):
+                raise _ConnectionError(_PROTOCOL_ERROR, "DATA padding longer than the frame")
+            data = payload[1 : len(payload) - payload[0]]
+        call.body += data
+        self.buffered += len(data)
         if len(call.body) > self.server.max_receive + _PREFIX.size:
             self._refuse(
                 call,
@@ -226,22 +390,69 @@ class _Connection(asyncio.Protocol):
                 f"Received message larger than max ({len(call.body) - _PREFIX.size} vs. "
                 f"{self.server.max_receive})",
             )
-        elif self.buffered > _BUFFERED_MAX:
+            return
+        if self.buffered > _BUFFERED_MAX:
             self._refuse(
                 call,
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"this connection has {self.buffered} bytes of unfinished requests; "
                 f"at most {_BUFFERED_MAX}",
             )
+            return
+        if flags & _END_STREAM:
+            self._ended(call)
+            return
+        call.unacked += len(payload)
+        if call.unacked >= _STREAM_WINDOW // 2:
+            self._out.append(_frame(_WINDOW_UPDATE, 0, stream_id, _U32.pack(call.unacked)))
+            call.unacked = 0
+
+    def _window_update(self, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise _ConnectionError(_FRAME_SIZE_ERROR, "a malformed WINDOW_UPDATE")
+        increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
+        if stream_id == 0:
+            self._send_window += increment
+            if self._send_window > 0x7FFFFFFF:
+                raise _ConnectionError(_FLOW_CONTROL_ERROR, "connection window above 2^31-1")
+        else:
+            call = self.calls.get(stream_id)
+            if call is None:
+                return
+            call.window += increment
+        self._wake_writers()
+
+    def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id:
+            raise _ConnectionError(_PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & _ACK:
+            return
+        if len(payload) % 6:
+            raise _ConnectionError(_FRAME_SIZE_ERROR, "a malformed SETTINGS")
+        for offset in range(0, len(payload), 6):
+            key, value = _SETTING.unpack_from(payload, offset)
+            if key == _INITIAL_WINDOW_SIZE:
+                if value > 0x7FFFFFFF:
+                    raise _ConnectionError(_FLOW_CONTROL_ERROR, "initial window above 2^31-1")
+                delta, self._stream_window = value - self._stream_window, value
+                for call in self.calls.values():
+                    call.window += delta
+            elif key == _MAX_FRAME_SIZE:
+                if not _MAX_FRAME <= value <= (1 << 24) - 1:
+                    raise _ConnectionError(_PROTOCOL_ERROR, f"max frame size {value}")
+                self._max_frame = value
+        self._out.append(_frame(_SETTINGS, _ACK, 0))
+        self._wake_writers()
+
+    # -- requests --------------------------------------------------------------------------
 
     def _forget_body(self, call: _Call) -> None:
         self.buffered -= len(call.body)
         call.body = bytearray()
 
-    def _ended(self, sid: int) -> None:
-        call = self.calls.get(sid)
-        if call is None or call.task is not None:
-            return
+    def _ended(self, call: _Call) -> None:
+        """The client's side of `call` is complete: run it."""
+        call.receiving = False
         body = call.body
         if call.handler is None:
             self._refuse(call, grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {call.method}")
@@ -265,8 +476,9 @@ class _Connection(asyncio.Protocol):
         self.calls.pop(call.stream_id, None)
         self._forget_body(call)
         self._finish(call, code, details)
-        with contextlib.suppress(h2.exceptions.H2Error):
-            self.h2.reset_stream(call.stream_id, h2.errors.ErrorCodes.NO_ERROR)
+        if call.receiving:  # stop the rest of its request (RFC 9113 §8.1)
+            call.receiving = False
+            self._out.append(_frame(_RST_STREAM, 0, call.stream_id, _U32.pack(_NO_ERROR)))
         self._flush_soon()
 
     # -- serving a call --------------------------------------------------------------------
@@ -306,51 +518,47 @@ class _Connection(asyncio.Protocol):
 
     async def _message(self, call: _Call, message: bytes) -> None:
         """One response message, within the client's flow-control windows."""
+        sid = call.stream_id
         if not call.sent:
             call.sent = True
-            self.h2.send_headers(call.stream_id, _HEADERS)
-        data = memoryview(_PREFIX.pack(0, len(message)) + message)
+            self._out.append(_frame(_HEADERS, _END_HEADERS, sid, _RESPONSE_BLOCK))
+        data = _PREFIX.pack(0, len(message)) + message
         while data:
-            sid = call.stream_id
             if self.calls.get(sid) is not call:
                 raise asyncio.CancelledError  # reset while waiting for a window
-            window = self.h2.local_flow_control_window(sid)
+            window = min(self._send_window, call.window)
             if window <= 0:
                 self._flush()
                 await self._window.wait()
                 continue
-            size = min(len(data), window, self.h2.max_outbound_frame_size)
-            self.h2.send_data(sid, data[:size].tobytes())
-            data = data[size:]
+            size = min(len(data), window, self._max_frame)
+            chunk, data = data[:size], data[size:]
+            self._out.append(_frame(_DATA, 0, sid, chunk))
+            self._send_window -= size
+            call.window -= size
         self._flush_soon()
 
     def _finish(self, call: _Call, code: grpc.StatusCode, details: str) -> None:
-        status = [(b"grpc-status", str(code.value[0]).encode())]
-        if details:
-            status.append((b"grpc-message", quote(details, safe=" ").encode()))
-        headers = status if call.sent else [*_HEADERS, *status]
         if code is grpc.StatusCode.OK and call.sent:
-            headers = list(_OK)
+            block = _OK_BLOCK
+        elif call.sent:
+            block = _status_block(code, details)
+        else:  # trailers only
+            block = _RESPONSE_BLOCK + _status_block(code, details)
         call.sent = True
-        with contextlib.suppress(h2.exceptions.H2Error):
-            self.h2.send_headers(call.stream_id, headers, end_stream=True)
+        self._out.append(_frame(_HEADERS, _END_HEADERS | _END_STREAM, call.stream_id, block))
 
     # -- stopping --------------------------------------------------------------------------
 
     def goaway(self) -> None:
-        """Tell the client to open no more calls here; those running go on. Written past
-        h2, whose own GOAWAY would close the connection for the running calls' replies."""
+        """Tell the client to open no more calls here; those running go on."""
+        self._out.append(_frame(_GOAWAY, 0, 0, _U32.pack(self._last_stream) + _U32.pack(0)))
         self._flush()
-        if self.transport is not None and not self.transport.is_closing():
-            last = self.h2.highest_inbound_stream_id
-            self.transport.write(GoAwayFrame(0, last_stream_id=last).serialize())
 
     def abort(self) -> None:
         for call in list(self.calls.values()):
             if call.task is not None:
                 call.task.cancel()
-        with contextlib.suppress(h2.exceptions.H2Error):
-            self.h2.close_connection()
         self._flush()
         if self.transport is not None:
             self.transport.close()
