@@ -228,6 +228,11 @@ class LinkService(grpc.GenericRpcHandler):
             log.warning("link connection from %s: %s; closed", peer, exc)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the gateway went; its sends in flight were answered to nobody
+        except asyncio.CancelledError:
+            # `close_connections` ended it. It ends normally: on Python 3.11 the stream
+            # server's done-callback calls `task.exception()`, which raises for a
+            # cancelled task and prints a traceback per connection on every stop.
+            pass
         finally:
             self._connections.discard(task)
             writer.close()
