@@ -418,3 +418,34 @@ async def test_a_linked_send_the_broker_never_answers_ends_at_its_deadline() -> 
         await link.close()
         await channel.close()
         await server.stop(0)
+
+
+async def test_a_gateway_connects_its_links_to_a_broker_as_soon_as_it_registers(
+    etcd_store: EtcdStore, tmp_path: Path
+) -> None:
+    """A move to a broker the gateway never used must not pay for connecting: its
+    channel and its send and ack links are up before any call goes there."""
+    config = data_config(tmp_path)
+    async with (
+        DataCluster(etcd_store, config) as cluster,
+        Gateway(etcd_store, config, "127.0.0.1:0") as gateway,
+    ):
+        broker = await cluster.start_broker("w1")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while True:
+            links = [gateway.links.link(broker.url, m) for m in (LINK_METHOD, ACK_LINK_METHOD)]
+            if all(link is not None and link.transport == "tcp" for link in links):
+                break
+            assert loop.time() < deadline, f"links not connected: {links}"
+            await asyncio.sleep(0.02)
+        assert all(link is not None and link.sends == 0 for link in links)  # no call yet
+        channel = gateway.links.channels[broker.url]
+        assert channel.get_state() is grpc.ChannelConnectivity.READY
+        # And they carry the first sends.
+        client = await new_client(gateway.advertise)
+        producer = client.new_producer().with_topic(TOPIC).with_name("first").build()
+        await producer.create()
+        await producer.send(b"one")
+        send_link = gateway.links.link(broker.url)
+        assert send_link is not None and send_link.sends == 1

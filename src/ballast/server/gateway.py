@@ -123,9 +123,15 @@ class Route:
 class OwnerTable:
     """Registrations and ownership records, from one listing of ``/cluster/`` and its watch."""
 
-    def __init__(self, store: MetadataStore, on_gone: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: MetadataStore,
+        on_gone: Callable[[str], None] | None = None,
+        on_new: Callable[[str], None] | None = None,
+    ) -> None:
         self.store = store
         self.on_gone = on_gone  # called with a broker_url whose registration went away
+        self.on_new = on_new  # and with one that registered
         self.urls: dict[str, str] = {}  # broker id -> broker_url (registered brokers)
         self.owners: dict[str, str] = {}  # topic -> broker id (its ownership record)
         self.ready = asyncio.Event()
@@ -174,8 +180,11 @@ class OwnerTable:
         if kind is RecordKind.REGISTRATION and broker is not None:
             before = self.urls.get(broker)
             _put_or_drop(self.urls, broker, None if deleted else _broker_url(value))
-            if before is not None and before != self.urls.get(broker) and self.on_gone:
+            after = self.urls.get(broker)
+            if before is not None and before != after and self.on_gone:
                 self.on_gone(before)
+            if after is not None and before != after and self.on_new:
+                self.on_new(after)
         elif kind is RecordKind.OWNER and topic is not None:
             _put_or_drop(self.owners, topic, None if deleted else _owner(value))
         else:
@@ -271,13 +280,7 @@ class BrokerLinks:
         their kind, anything else (or a request too large for a frame, or a broker without
         the link) as a unary call; failures raise as a unary call's would."""
         linked = _LINKED.get(method) if len(request) < BATCH_BYTES else None
-        link = None
-        if self.batch_sends and linked is not None:
-            link = self._links.get((url, linked))
-            if link is None:
-                link = self._links[(url, linked)] = SendLink(
-                    self.channel(url), url, linked, tcp=True, ssl_context=self.ssl_context
-                )
+        link = self._link(url, linked) if self.batch_sends and linked is not None else None
         if link is not None and link.supported:
             try:
                 return await link.send(request, bearer_token(metadata), timeout)
@@ -286,6 +289,23 @@ class BrokerLinks:
                     raise
                 log.info("gateway: broker %s has no %s link; sending unary calls", url, linked)
         return bytes(await self.unary(url, method)(request, metadata=metadata, timeout=timeout))
+
+    def _link(self, url: str, method: str) -> SendLink:
+        link = self._links.get((url, method))
+        if link is None:
+            link = self._links[(url, method)] = SendLink(
+                self.channel(url), url, method, tcp=True, ssl_context=self.ssl_context
+            )
+        return link
+
+    def warm(self, url: str) -> None:
+        """Connect to a broker that just registered before any call needs it: its channel
+        and its send and ack links. A move to a broker this gateway has not used yet (a
+        new broker taking topics, say) must not spend its pause connecting."""
+        self.channel(url).get_state(try_to_connect=True)
+        if self.batch_sends:
+            for method in _LINKED.values():
+                self._link(url, method).open()
 
     def abandon(self, url: str) -> None:
         """The broker at `url` lost its registration (dead, stalled past its TTL or cut
@@ -414,7 +434,7 @@ class Gateway(Served):
             self.settings.batch_sends,
             client_ssl_context(config.tls),
         )
-        self.table = OwnerTable(store, self.links.abandon)
+        self.table = OwnerTable(store, self.links.abandon, self.links.warm)
         self.directory = Directory(store, SystemClock())
         self.sessions = SessionTable(_CACHE_IDS)
         self.held = HeldBudget(self.settings.held_sends_max, self.settings.held_bytes_max)

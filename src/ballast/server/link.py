@@ -378,8 +378,7 @@ class SendLink:
         record = encode_record(call_id, request_body(token, message))
         self._outbox.append(record)
         self._wake.set()
-        if self._run is None or self._run.done():
-            self._run = asyncio.create_task(self._stream(), name=f"gateway/link {self.url}")
+        self.open()
         # A timer, not `wait_for`: that wraps the future in one more, and its caller
         # resumes a loop turn later (each turn on a busy gateway is a client's wait).
         timer = loop.call_later(timeout, _expire, future)
@@ -388,6 +387,11 @@ class SendLink:
         finally:
             timer.cancel()
             self._pending.pop(call_id, None)
+
+    def open(self) -> None:
+        """Connect now, unless connected or connecting (a send connects too)."""
+        if self._run is None or self._run.done():
+            self._run = asyncio.create_task(self._stream(), name=f"gateway/link {self.url}")
 
     async def _stream(self) -> None:
         error = rpc_error(grpc.StatusCode.UNAVAILABLE, f"link to {self.url}: connection ended")
