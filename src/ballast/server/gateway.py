@@ -13,8 +13,10 @@ address:
 - **SchemaRegistry calls** (``danube_schema.SchemaRegistry``) go to any registered broker:
   the registry is in the metadata store.
 - **Every other call** is forwarded to the broker named in the ``x-danube-broker-url``
-  header (one channel per broker, payloads passed through as bytes); without the header
-  it goes to the topic's owner. Sends travel batched on one stream per broker (`link`).
+  header (one channel per broker, connected as the broker registers; payloads passed
+  through as bytes); without the header it goes to the topic's owner. Sends and acks
+  travel batched on a link per broker (`link`). Clients are served by the gateway's own
+  gRPC-over-HTTP/2 server (`h2grpc`).
 - **Producers and consumers created here are sessions** (`gateway_sessions`): the client
   gets an id of the gateway's, and when the topic moves or its owner dies the gateway
   re-creates the producer or consumer on the new owner and carries on, so the client
