@@ -45,14 +45,14 @@ from tests.etcd_fixtures import EtcdServer
 from tests.server.procs import Processes, write_config
 
 
-async def _until(check: Any, timeout: float, what: str, every: float = 0.1) -> None:
+async def _until(check: Any, timeout: float, what: str) -> None:
     # Every 0.1 s, not faster: each check lists the cluster from etcd in the clients'
     # process, and a move's pause is measured there, in the very window it polls.
     deadline = time.monotonic() + timeout
     while not await check():
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(every)
+        await asyncio.sleep(0.1)
 
 
 async def moves_and_kills(

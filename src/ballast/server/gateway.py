@@ -71,7 +71,6 @@ from ballast.server.protocol import (
     pb,
 )
 from ballast.server.relay import CARRIED_HEADER
-from ballast.server.rpc import WrappingInterceptor
 from ballast.server.security import (
     channel_credentials,
     client_ssl_context,
@@ -495,7 +494,6 @@ class Gateway(Served):
         for interceptor in interceptors(
             token_authority(self.config), lambda rpc, code: self._count(f"refused_{code}")
         ):
-            assert isinstance(interceptor, WrappingInterceptor)
             handlers = {method: interceptor.wrap(method, h) for method, h in handlers.items()}
         server = H2GrpcServer(
             handlers.get,

@@ -35,6 +35,8 @@ from urllib.parse import quote
 import grpc
 import hpack
 
+from ballast.server.errors import RpcFailure
+
 __all__ = ["CallContext", "H2GrpcServer"]
 
 log = logging.getLogger(__name__)
@@ -113,13 +115,6 @@ class _ConnectionError(Exception):
         self.code = code
 
 
-class _Aborted(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
-
-
 class CallContext:
     """What a handler sees of its call (the subset of `grpc.aio.ServicerContext` used)."""
 
@@ -136,7 +131,7 @@ class CallContext:
         return self._peer
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
-        raise _Aborted(code, details)
+        raise RpcFailure(code, details, "aborted")
 
 
 class _Call:
@@ -500,8 +495,8 @@ class _Connection(asyncio.Protocol):
                         async for item in stream:
                             await self._message(call, encode(item) if encode else item)
             self._finish(call, grpc.StatusCode.OK, "")
-        except _Aborted as exc:
-            self._finish(call, exc.code, exc.details)
+        except RpcFailure as exc:  # an abort, or a handler's own failure
+            self._finish(call, exc.code, exc.message)
         except TimeoutError:
             self._finish(call, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
         except asyncio.CancelledError:

@@ -17,6 +17,7 @@ import grpc
 
 from ballast.config import BallastConfig, TlsSettings
 from ballast.server.auth import AuthInterceptor, TokenAuthority
+from ballast.server.rpc import WrappingInterceptor
 
 __all__ = [
     "channel_credentials",
@@ -99,6 +100,6 @@ def token_authority(config: BallastConfig) -> TokenAuthority | None:
 
 def interceptors(
     authority: TokenAuthority | None, on_refused: Callable[[str, str], None]
-) -> list[grpc.aio.ServerInterceptor]:
+) -> list[WrappingInterceptor]:
     """The token check when there is an `authority`; nothing otherwise."""
     return [] if authority is None else [AuthInterceptor(authority, on_refused)]
