@@ -16,6 +16,7 @@ import yaml
 from ballast.cluster import AdminClient
 from ballast.metadata import keys
 from ballast.metadata.etcd import EtcdStore
+from ballast.server.dispatch import REDELIVERY_GRACE
 from tests.etcd_fixtures import EtcdServer
 from tests.server.helpers import DispatchStrategy, SubType, new_client, wait_until
 
@@ -188,7 +189,8 @@ async def test_unload_anchor_across_two_broker_processes(
         after = await asyncio.wait_for(reader, 30)
         offsets = [m.msg_id.topic_offset for m in after]
         if offsets != list(range(5, 18)):  # what came next tells a skip from a reorder
-            later = await _drain(consumer, queue, 3.0)
+            # (a message sent on a stream the client replaced comes again after the grace)
+            later = await _drain(consumer, queue, REDELIVERY_GRACE + 2)
             raise AssertionError(f"after the move: {offsets}, then {later}")
         assert [m.payload for m in after] == [f"m{i}".encode() for i in range(5, 18)]
         target = await brokers.owner(topic)
