@@ -278,3 +278,36 @@ async def test_an_acked_copy_left_in_an_ended_stream_is_not_delivered_again() ->
     sub.ack(1)  # acked while their copies still wait in the stream's queue
     c.detach(q)
     assert offsets(c.attach()) == [2]
+
+
+async def test_messages_given_back_one_at_a_time_come_again_in_offset_order() -> None:
+    """A departing owner's relay gives back (nacks) what the client dropped, one message
+    per request, while no stream is attached; the client's new stream gets them in order,
+    before anything fresh (a seen-in-CI reorder: 12, 14, 13)."""
+    sub = reliable("exclusive")
+    c = sub.join("c", "exclusive", (), 0.0)
+    q = c.attach()
+    for i in range(5):
+        sub.offer(d(i))
+    assert offsets(q) == [0, 1, 2, 3, 4]
+    c.detach(q, keep_sent=True)  # the relay's stream ended; 0..4 stay the consumer's
+    for offset in (1, 2, 3):
+        sub.nack(offset, 0)
+    sub.offer(d(5))
+    assert offsets(c.attach()) == [1, 2, 3, 5]  # 0 and 4: still in the client's hands
+    sub.nack(0, 0)
+    sub.nack(4, 0)  # given back after the client re-attached: in order among themselves
+    assert c.queue is not None and offsets(c.queue) == [0, 4]
+
+
+async def test_nacks_in_any_order_are_redelivered_in_offset_order() -> None:
+    sub = reliable("exclusive")
+    c = sub.join("c", "exclusive", (), 0.0)
+    q = c.attach()
+    for i in range(10):
+        sub.offer(d(i))
+    assert offsets(q) == list(range(10))
+    c.detach(q, keep_sent=True)
+    for offset in (7, 2, 9, 1):
+        sub.nack(offset, 0)
+    assert offsets(c.attach()) == [1, 2, 7, 9]

@@ -415,9 +415,19 @@ class SubscriptionDispatcher:
             (d for d in deliveries if not self._is_acked(d.offset)),
             key=lambda d: d.offset,
         )
+        if not items:
+            return
         for d in items:
             self._owner.pop(d.offset, None)
-        self._redeliver.extendleft(reversed(items))
+        waiting = self._redeliver
+        if not waiting or items[-1].offset < waiting[0].offset:
+            waiting.extendleft(reversed(items))
+        elif items[0].offset > waiting[-1].offset:
+            waiting.extend(items)
+        else:  # interleaved (nacks one at a time, in any order): merge
+            merged = list(heapq.merge(waiting, items, key=lambda d: d.offset))
+            waiting.clear()
+            waiting.extend(merged)
 
     def pump(self) -> None:
         """Give waiting messages to consumers with window space, in order."""
