@@ -14,7 +14,7 @@ import pytest
 from ballast.clock import FakeClock
 from ballast.metadata import MemoryStore, keys
 from ballast.metadata.etcd import EtcdStore
-from ballast.metadata.store import MetadataStore
+from ballast.metadata.store import Listing, MetadataStore
 from ballast.storage import (
     FsspecObjectStore,
     StorageConfig,
@@ -141,3 +141,31 @@ async def test_a_new_owner_never_merges_what_the_index_holds(
                               clock=FakeClock(), config=config) as c:  # fmt: skip
             items = await collect(c.read(0, live=False))
             assert [i.offset for i in items] == list(range(50))
+
+
+class ListingCounter(MemoryStore):
+    """Counts listings of one prefix (each is a round trip to etcd in production)."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__(FakeClock())
+        self.prefix = prefix
+        self.listings = 0
+
+    async def get_prefix(self, prefix: str) -> Listing:
+        if prefix == self.prefix:
+            self.listings += 1
+        return await super().get_prefix(prefix)
+
+
+async def test_keys_waiting_to_be_merged_do_not_make_the_catalog_listed_again(
+    tmp_path: Path, object_store: FsspecObjectStore, config: StorageConfig
+) -> None:
+    """More small objects wait for their merge (`merge_objects`) than `catalog_keys`: a
+    compaction could move none of them, so none runs (it listed the catalog after every
+    commit while they waited: a metadata round trip per send)."""
+    config = replace(config, merge_objects=100, catalog_keys=64, max_object_bytes=1 << 20)
+    topic = "/default/reliable_topic"
+    async with ListingCounter(keys.storage_topic_prefix(topic)) as store:
+        await run_uploads(tmp_path, store, object_store, config, 99, stats=StorageStats())
+        assert await descriptor_keys(store, topic) == 99  # all waiting for the merge
+        assert store.listings <= 2  # the open's (and the close's)

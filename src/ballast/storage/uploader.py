@@ -284,7 +284,7 @@ class Uploader:
                     await self._write_objects(self._wal.committed_offset)
                 if self._claim is not None:
                     await self._merge_due()
-                    if self._keys > self._config.catalog_keys:
+                    if self._compaction_due():
                         async with self._lock:
                             await self._compact()
                     await self._retain_due()
@@ -574,6 +574,13 @@ class Uploader:
         return True
 
     # -- the index object -----------------------------------------------------------------
+
+    def _compaction_due(self) -> bool:
+        """Over the key budget, with keys a compaction can move: objects still to be
+        merged stay keys (more of them may wait than the budget), and a compaction that
+        could move none of them would list the catalog again after every commit."""
+        budget = self._config.catalog_keys
+        return self._keys > budget and self._keys - len(self._small) > budget // 4
 
     async def _compact(self) -> None:
         """Move the older descriptor keys into a new index object (see `catalog`), so the
