@@ -19,6 +19,7 @@ import pytest
 
 from ballast.clock import FakeClock, SystemClock
 from ballast.cluster import AdminClient, LocalCluster
+from ballast.cluster.admin import AdminError
 from ballast.metadata import MetadataStore, keys
 from ballast.metadata.memory import MemoryStore
 from ballast.metadata.store import Compare, Delete, Put, TxnResult
@@ -245,6 +246,46 @@ async def test_marker_reasons_reach_the_new_owner(store: MetadataStore) -> None:
             MarkerReason.UNLOAD,
             owner,
             True,
+        )
+
+
+@pytest.mark.parametrize("store", ["memory"], indirect=True)
+async def test_unload_to_a_named_broker_and_what_it_refuses(store: MetadataStore) -> None:
+    """``unload --to``: the topic lands on the named broker (the marker it consumed names
+    it); a broker that is not registered, not active, or the owner itself is refused with
+    a message naming it, and nothing is written."""
+    clock = SystemClock()
+    config = fast_config()
+    admin = AdminClient(store, clock, config)
+    async with LocalCluster(store, clock, config) as cluster:
+        await start(cluster, "b1", "b2", "b3")
+        await admin.create_topic("/m/t")
+        view = await wait_settled(admin, 1, timeout=10)
+        owner = view.owner("/m/t")
+        assert owner is not None
+        target = next(b for b in ("b1", "b2", "b3") if b != owner)
+        other = next(b for b in ("b1", "b2", "b3") if b not in (owner, target))
+        await admin.drain(other)
+        for to, said in [
+            ("b9", "broker 'b9' is not registered"),
+            (owner, f"owned by {owner} already"),
+            (other, f"broker {other} is draining"),
+        ]:
+            with pytest.raises(AdminError, match=said):
+                await admin.unload_topic("/m/t", to)
+        assert await store.get(keys.unassigned("/m/t")) is None
+        assert await admin.unload_topic("/m/t", target) == owner
+
+        async def served_there() -> bool:
+            return "/m/t" in cluster.host(target).topics
+
+        await wait_until(served_there, 10, f"/m/t served by {target}")
+        marker = cluster.host(target).topics["/m/t"]
+        assert marker is not None
+        assert (marker.reason, marker.from_broker, marker.to_broker) == (
+            MarkerReason.UNLOAD,
+            owner,
+            target,
         )
 
 

@@ -7,10 +7,15 @@ simulator is checked to bounce an assignment that reaches a draining broker.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ballast.leader.broker_machine import BrokerMachine, GiveBack, Load, Reject, Unload
+from ballast.leader.intents import Placement
+from ballast.leader.transactions import placement_write
 from ballast.metadata import Compare, Delete, Put, WatchEvent, keys
 from ballast.metadata.core import StoreCore
-from ballast.metadata.records import assignment_value
+from ballast.metadata.records import assignment_value, owner_value
+from ballast.metadata.store import swap
 from ballast.model import Assignment, BrokerMode, BrokerState, MarkerReason, UnassignedMarker
 from ballast.simulate.engine import Simulator
 from ballast.simulate.scenario import load_scenario
@@ -137,3 +142,32 @@ def test_a_topic_that_cannot_be_served_is_released_with_an_unload_marker() -> No
             Put(keys.unassigned("/ns/t"), marker.to_dict()),
         ),
     )
+
+
+def test_the_seal_hands_a_move_to_the_destination_it_names() -> None:
+    """Placed as the leader places (`placement_write`), guarded on the destination's
+    registration too; a move without a destination (or back to this broker) is made ready
+    for the leader instead; a marker not waiting for this broker is left alone."""
+    machine = BrokerMachine("b1")
+    topic = "/ns/t"
+    move = UnassignedMarker(MarkerReason.REBALANCE, "b1", "b2", NOW, ready=False)
+    handoff = machine.handoff(topic, move.to_dict(), 41, NOW + 1)
+    assert handoff is not None
+    compares, ops = handoff
+    ready = replace(move, ready=True)
+    placed = placement_write(Placement(topic, "b2", 41, ready), NOW + 1)
+    assert compares == [*placed[0], Compare.present(keys.register("b2"))]
+    assert ops == placed[1]
+    assert Delete(keys.unassigned(topic)) in ops
+    assert Put(keys.topic_owner(topic), owner_value("b2")) in ops
+
+    unload = UnassignedMarker(MarkerReason.UNLOAD, "b1", None, NOW, ready=False)
+    assert machine.handoff(topic, unload.to_dict(), 7, NOW) == swap(
+        keys.unassigned(topic), 7, replace(unload, ready=True).to_dict()
+    )
+    back = replace(unload, to_broker="b1")
+    assert machine.handoff(topic, back.to_dict(), 7, NOW) == swap(
+        keys.unassigned(topic), 7, replace(back, ready=True).to_dict()
+    )
+    assert machine.handoff(topic, replace(move, from_broker="b3").to_dict(), 7, NOW) is None
+    assert machine.handoff(topic, ready.to_dict(), 7, NOW) is None

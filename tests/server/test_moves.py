@@ -13,8 +13,10 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from ballast.cluster import AdminClient
-from ballast.metadata import keys
+from ballast.metadata import Compare, Put, keys
 from ballast.metadata.etcd import EtcdStore
+from ballast.metadata.records import release_ops
+from ballast.model import MarkerReason, UnassignedMarker
 from tests.server.helpers import (
     DataCluster,
     DispatchStrategy,
@@ -271,6 +273,92 @@ async def test_a_move_makes_its_marker_ready_in_the_seals_own_write(
                 break
     await watch.aclose()  # type: ignore[attr-defined]  # an async generator
     assert sealed_at == ready_at
+    await producer.close()
+
+
+async def _revisions_of_the_handoff(
+    store: Any, topic: str, start: int, target: str
+) -> tuple[int | None, int | None, bool]:
+    """(revision of the sealed state, of `target`'s assignment, whether the marker was
+    ever made ready) as the store's history shows them from `start`."""
+    sealed_at = assigned_at = None
+    made_ready = False
+    watch = store.watch_prefix("/", start)
+    async with asyncio.timeout(10):
+        async for event in watch:
+            if event.key == keys.storage_state(topic) and (event.value or {}).get("sealed"):
+                sealed_at = event.revision
+            if event.key == keys.unassigned(topic) and (event.value or {}).get("ready"):
+                made_ready = True
+            if event.key == keys.broker_assignment(target, topic) and event.kind == "put":
+                assigned_at = event.revision
+            if sealed_at is not None and assigned_at is not None:
+                break
+    await watch.aclose()  # an async generator
+    return sealed_at, assigned_at, made_ready
+
+
+async def test_a_move_that_names_its_destination_is_placed_by_the_seal_itself(
+    cluster: DataCluster,
+) -> None:
+    """``unload --to``: the old owner's seal writes the sealed state and the new owner's
+    assignment in one transaction (no round through the leader, no ready marker); every
+    acknowledged send is read from the new owner, offsets continue."""
+    await cluster.start_broker("b2")
+    await cluster.start_broker("b3")
+    topic = "/default/direct"
+    client = await new_client(cluster.brokers["b1"].url)
+    producer = await reliable_producer(client, topic)
+    consumer = await exclusive_consumer(client, topic)  # before the traffic, read after
+    for i in range(3):
+        await producer.send(f"m{i}".encode())
+    source = await cluster.wait_served(topic)
+    target = next(b for b in ("b2", "b3") if b != source.broker_id)
+    start = (await cluster.store.get_prefix(keys.unassigned(topic))).revision + 1
+    await AdminClient(cluster.store).unload_topic(topic, to_broker=target)
+    moved = await cluster.wait_moved(topic, source)
+    assert moved.broker_id == target
+    sealed_at, assigned_at, made_ready = await _revisions_of_the_handoff(
+        cluster.store, topic, start, target
+    )
+    assert sealed_at is not None and sealed_at == assigned_at
+    assert not made_ready
+    await producer.send(b"m3")
+    got = await receive_and_ack(consumer, await consumer.receive(), 4)
+    assert [m.msg_id.topic_offset for m in got] == [0, 1, 2, 3]
+    await consumer.close()
+    await producer.close()
+
+
+async def test_a_destination_gone_before_the_seal_leaves_the_placement_to_the_leader(
+    cluster: DataCluster,
+) -> None:
+    """The move names a broker that is not registered when the seal is written: the seal
+    is written alone, the marker made ready, and the leader places the topic elsewhere."""
+    await cluster.start_broker("b2")
+    topic = "/default/direct-gone"
+    client = await new_client(cluster.brokers["b1"].url)
+    producer = await reliable_producer(client, topic)
+    consumer = await exclusive_consumer(client, topic)  # before the traffic, read after
+    await producer.send(b"m0")
+    source = await cluster.wait_served(topic)
+    view = await AdminClient(cluster.store).view()
+    owner = source.broker_id
+    marker = UnassignedMarker(
+        MarkerReason.UNLOAD, from_broker=owner, to_broker="gone", timestamp=0.0, ready=False
+    )
+    key = keys.broker_assignment(owner, topic)
+    result = await cluster.store.txn(
+        [Compare.mod_revision_equals(key, view.owners[topic][owner])],
+        [*release_ops(owner, topic), Put(keys.unassigned(topic), marker.to_dict())],
+    )
+    assert result.succeeded
+    moved = await cluster.wait_moved(topic, source)
+    assert moved.broker_id != "gone"
+    await producer.send(b"m1")
+    got = await receive_and_ack(consumer, await consumer.receive(), 2)
+    assert [m.payload for m in got] == [b"m0", b"m1"]
+    await consumer.close()
     await producer.close()
 
 

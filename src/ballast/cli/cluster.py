@@ -268,15 +268,24 @@ def topics_describe(
 @topics_app.command("unload")
 def topics_unload(
     topic: Annotated[str, typer.Argument(help="Topic name.")],
+    to: Annotated[
+        str | None,
+        typer.Option(
+            "--to",
+            help="Destination broker (active, registered): the owner's seal hands the topic "
+            "to it directly, without waiting for the leader to place it.",
+        ),
+    ] = None,
     etcd: EtcdOption = DEFAULT_ETCD,
     as_json: JsonOption = False,
 ) -> None:
-    """Unload a topic from its owner (sealed first); the leader places it elsewhere."""
-    owner = _run_admin(etcd, None, lambda a: a.unload_topic(topic))
+    """Unload a topic from its owner (sealed first); the leader places it elsewhere, or
+    the seal hands it to the `--to` broker."""
+    owner = _run_admin(etcd, None, lambda a: a.unload_topic(topic, to))
     if as_json:
-        _emit({"topic": topic, "from_broker": owner})
+        _emit({"topic": topic, "from_broker": owner, "to_broker": to})
     else:
-        _console().print(f"{topic}: unloading from {owner}")
+        _console().print(f"{topic}: unloading from {owner}" + (f" to {to}" if to else ""))
 
 
 # -- admin cluster ---------------------------------------------------------------------------

@@ -399,15 +399,27 @@ class AdminClient:
             created += await self.create_topic_if_absent(_topic(topic))
         return created
 
-    async def unload_topic(self, topic: str) -> BrokerId:
-        """Unload a topic from its owner; the leader places it on another broker."""
+    async def unload_topic(self, topic: str, to_broker: str | None = None) -> BrokerId:
+        """Unload a topic from its owner; the leader places it on another broker, or, with
+        `to_broker` (Pulsar's ``--destinationBroker``), the owner's seal hands it to that
+        broker directly (the leader places it if that broker is gone by then)."""
         name = _topic(topic)
-        view = await self.view()
+        view = await self._require_broker(to_broker) if to_broker else await self.view()
         owner = view.owner(name)
         if owner is None:
             raise AdminError(f"topic {name} is not assigned to any broker (nothing to unload)")
+        if to_broker is not None:
+            if to_broker == owner:
+                raise AdminError(f"topic {name} is owned by {owner} already")
+            mode = view.state(to_broker).mode
+            if mode is not BrokerMode.ACTIVE:
+                raise AdminError(f"broker {to_broker} is {mode.value}: it takes no topics")
         marker = UnassignedMarker(
-            MarkerReason.UNLOAD, from_broker=owner, timestamp=self.clock.now(), ready=False
+            MarkerReason.UNLOAD,
+            from_broker=owner,
+            to_broker=to_broker,
+            timestamp=self.clock.now(),
+            ready=False,
         )
         key = keys.broker_assignment(owner, name)
         result = await self.store.txn(

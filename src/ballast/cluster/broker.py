@@ -51,7 +51,7 @@ from ballast.metadata import (
     keys,
 )
 from ballast.metadata.records import Registration
-from ballast.metadata.store import TxnOp, swap
+from ballast.metadata.store import TxnOp
 from ballast.model import (
     BrokerId,
     BrokerMode,
@@ -66,17 +66,19 @@ log = logging.getLogger(__name__)
 
 
 class MarkerHandoff:
-    """A move's unload marker made ready in the seal's own transaction (`Handoff`): the
-    leader sees the topic sealed and ready to move in one write, one round trip sooner.
-    Only if the marker is still as `read` found it, and waits for this broker."""
+    """A move's marker handed off in the seal's own transaction (`Handoff`): placed on the
+    destination the move names (the new owner learns of it from the seal itself), or made
+    ready, so the leader sees the topic sealed and ready to move in one write
+    (`BrokerMachine.handoff`). Only if the marker is still as `read` found it, and waits
+    for this broker."""
 
     def __init__(
         self,
         read: Awaitable[KeyValue | None],
-        ready: Callable[[Any], dict[str, Any] | None],
+        writes: Callable[[KeyValue], tuple[Sequence[Compare], Sequence[TxnOp]] | None],
     ) -> None:
         self._read = read
-        self._ready = ready
+        self._writes = writes
         self.done = False
 
     async def writes(self) -> tuple[Sequence[Compare], Sequence[TxnOp]] | None:
@@ -84,12 +86,9 @@ class MarkerHandoff:
         if kv is None:
             return None
         try:
-            value = self._ready(kv.value)
+            return self._writes(kv)
         except ModelError:
             return None  # `_mark_ready` reports it
-        if value is None:
-            return None
-        return swap(kv.key, kv.mod_revision, value)  # what `_mark_ready` writes, with the seal
 
     def written(self) -> None:
         self.done = True
@@ -382,11 +381,17 @@ class BrokerNode(Service):
             del self._leaving[topic]
 
     async def _leave(self, effect: Unload) -> None:
-        """Seal the topic and make its marker ready: in the seal's own transaction when
-        the marker is still as read, otherwise right after."""
+        """Seal the topic and hand its marker off (placed on the destination the move
+        names, or made ready): in the seal's own transaction when the marker is still as
+        read, otherwise made ready right after."""
         # The marker is read while the topic seals, so the seal can hand it off.
         marker = asyncio.ensure_future(self._read_marker(effect.topic))
-        handoff = MarkerHandoff(marker, self.machine.ready_marker)
+        handoff = MarkerHandoff(
+            marker,
+            lambda kv: self.machine.handoff(
+                effect.topic, kv.value, kv.mod_revision, self.clock.now()
+            ),
+        )
         sealed = False
         try:
             sealed = await self._unload(effect.topic, effect.serving, handoff)

@@ -4,10 +4,11 @@ A broker watches its own prefix ``/cluster/brokers/{id}/`` (its state and its
 assignments). `BrokerMachine` decides what each change means: an assignment to an active
 broker is loaded; one that reaches a draining (or drained) broker is bounced (one guarded
 transaction deletes it and writes a ``drain_redirect`` marker); a deleted assignment is
-unloaded (sealed), and the move's marker that waits for this broker's seal is then made
-ready. `cluster.broker.BrokerNode` performs the effects on its topic host and the store;
-the simulator performs them on its simulated brokers and its `StoreCore`, so both react
-alike.
+unloaded (sealed), and the move's marker that waits for this broker's seal is handed off
+in the seal's own transaction (`handoff`): placed on the destination the move names, or
+made ready for the leader to place. `cluster.broker.BrokerNode` performs the effects on
+its topic host and the store; the simulator performs them on its simulated brokers and
+its `StoreCore`, so both react alike.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ballast.leader.intents import Placement
+from ballast.leader.transactions import placement_write
 from ballast.metadata import Compare, Delete, Put, WatchEvent, keys
 from ballast.metadata.records import parse_assignment_value, release_ops
+from ballast.metadata.store import swap
 from ballast.model import (
     BrokerId,
     BrokerMode,
@@ -157,6 +161,30 @@ class BrokerMachine:
             (Compare.mod_revision_equals(key, revision), Compare.absent(keys.unassigned(topic))),
             (*release_ops(self.broker_id, topic), Put(keys.unassigned(topic), marker.to_dict())),
         )
+
+    def handoff(
+        self, topic: str, value: Any, revision: int, now: float
+    ) -> tuple[list[Compare], list[Put | Delete]] | None:
+        """What the seal's own transaction writes for `topic`'s marker `value` (read at
+        `revision`) if it waits for this broker's seal, else None. A move that names its
+        destination (the rebalancer's, a plan's, ``unload --to``) is placed there at once,
+        as the leader would place it (`placement_write`, and the destination still
+        registered): the new owner learns of it from the seal itself, without a round
+        through the leader. Any other marker is made ready for the leader to place. Raises
+        `ModelError` on a bad marker.
+
+        If the placement's conditions fail (the destination is gone), the seal is written
+        alone and the marker made ready after it (`ready_marker`): the leader places it.
+        """
+        marker = UnassignedMarker.from_dict(value)
+        if marker.from_broker != self.broker_id or marker.ready:
+            return None
+        ready = replace(marker, ready=True)
+        target = marker.to_broker
+        if target is None or target == self.broker_id:
+            return swap(keys.unassigned(topic), revision, ready.to_dict())
+        compares, ops = placement_write(Placement(topic, target, revision, ready), now)
+        return [*compares, Compare.present(keys.register(target))], ops
 
     def ready_marker(self, value: Any, unsealed: str | None = None) -> dict[str, Any] | None:
         """The marker `value` made ready, if it waits for this broker's seal (else None);

@@ -21,6 +21,7 @@ from ballast.leader.intents import (
     Intent,
     MoveTopics,
     Place,
+    Placement,
     RecordOwner,
     Release,
     Relocation,
@@ -210,19 +211,30 @@ def _unload(part: Drain | UnloadSplit, unloads: Sequence[Unload], what: str) -> 
     return Txn(compares, tuple(ops), what, part)
 
 
+def placement_write(p: Placement, now: float) -> tuple[list[Compare], list[Put | Delete]]:
+    """One marker placed on its target: the assignment and the ownership record written,
+    the marker deleted, if the marker is as read, the topic exists and nobody owns it.
+    The leader's placement, and a source's seal handing a move to the broker it names
+    (`BrokerMachine.handoff`); the target's registration is compared by the caller (once
+    per transaction)."""
+    marker_key = keys.unassigned(p.topic)
+    compares = [
+        Compare.mod_revision_equals(marker_key, p.revision),
+        Compare.present(keys.topic_meta(p.topic)),
+        # Never two owners: one compare, whatever the number of brokers.
+        Compare.absent(keys.topic_owner(p.topic)),
+    ]
+    value = assignment_value(Assignment(now, epoch=p.revision), p.marker)
+    return compares, [*claim_ops(p.target, p.topic, value), Delete(marker_key)]
+
+
 def _place(part: Place) -> Txn:
     compares: list[Compare] = []
     ops: list[Put | Delete] = []
     for p in part.placements:
-        marker_key = keys.unassigned(p.topic)
-        compares += [
-            Compare.mod_revision_equals(marker_key, p.revision),
-            Compare.present(keys.topic_meta(p.topic)),
-            # Never two owners: one compare, whatever the number of brokers.
-            Compare.absent(keys.topic_owner(p.topic)),
-        ]
-        value = assignment_value(Assignment(part.now, epoch=p.revision), p.marker)
-        ops += [*claim_ops(p.target, p.topic, value), Delete(marker_key)]
+        guards, writes = placement_write(p, part.now)
+        compares += guards
+        ops += writes
     targets = sorted({p.target for p in part.placements})
     compares += [Compare.present(keys.register(b)) for b in targets]
     what = _several("assign", [p.topic for p in part.placements])

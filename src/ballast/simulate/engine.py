@@ -286,9 +286,13 @@ class Simulator:
             self.result.drains.append(row)
 
     def _seal(self, machine: BrokerMachine, topic: str) -> None:
-        """The source has sealed at once: mark the move's marker ready."""
+        """The source has sealed at once: its marker handed off as the seal hands it off
+        (placed on the destination the move names, or made ready), else made ready."""
         kv = self.store.get(keys.unassigned(topic))
         if kv is None:
+            return
+        handoff = machine.handoff(topic, kv.value, kv.mod_revision, self.now)
+        if handoff is not None and self.store.txn(*handoff).succeeded:
             return
         ready = machine.ready_marker(kv.value)
         if ready is not None:
