@@ -3,8 +3,10 @@
 Real `danube-client` producers and Exclusive consumers (`LiveTraffic`) on `--topics` live
 reliable topics, connected through a gateway, while the cluster
 
-- moves the topics `--moves` times (admin unload; the leader places each on another
-  broker): per move, the longest pause the moved topic's producer and consumer saw;
+- moves the topics `--moves` times, each naming its destination as the rebalancer's moves
+  do (``unload --to``: the old owner's seal places the topic there), then unloads them
+  `--unloads` times without one (the leader places each, one round through it more): per
+  move, the longest pause the moved topic's producer and consumer saw;
 - loses an owner `--kills` times (SIGKILL; registration TTL `--ttl` s; a fresh broker
   replaces it): per topic it owned, the time from its reassignment until its producer
   and consumer both flow again;
@@ -93,23 +95,38 @@ async def moves_and_kills(
             found = await directory.owner(TopicName.parse(topic))
             return found.broker_id if found is not None else None
 
-        producer_pauses: list[float] = []
-        consumer_pauses: list[float] = []
-        for move in range(args.moves):
-            topic = names[move % len(names)]
-            state = live.topics[topic]
-            source = await owner(topic)
-            live.reset_pauses()
-            await asyncio.sleep(0.3)
-            await admin.unload_topic(topic)
+        brokers = ["leader", *(f"w{n}" for n in range(2))]
 
-            async def moved(topic: str = topic, source: str | None = source) -> bool:
-                return await owner(topic) not in (None, source)
+        async def destination(source: str | None) -> str:
+            # As the rebalancer does, a move names its destination: here the other broker
+            # owning the fewest of these topics (ties in order).
+            owners = [await owner(t) for t in names]
+            return min((b for b in brokers if b != source), key=owners.count)
 
-            await _until(moved, 30, f"{topic} to move")
-            await asyncio.sleep(1.0)  # flowing from the new owner
-            producer_pauses.append(state.producer_pause)
-            consumer_pauses.append(state.consumer_pause)
+        async def pauses(count: int, named: bool) -> tuple[list[float], list[float]]:
+            producer: list[float] = []
+            consumer: list[float] = []
+            for move in range(count):
+                topic = names[move % len(names)]
+                state = live.topics[topic]
+                source = await owner(topic)
+                target = await destination(source) if named else None
+                live.reset_pauses()
+                await asyncio.sleep(0.3)
+                await admin.unload_topic(topic, target)
+
+                async def moved(topic: str = topic, source: str | None = source) -> bool:
+                    return await owner(topic) not in (None, source)
+
+                await _until(moved, 30, f"{topic} to move")
+                await asyncio.sleep(1.0)  # flowing from the new owner
+                producer.append(state.producer_pause)
+                consumer.append(state.consumer_pause)
+            return producer, consumer
+
+        producer_pauses, consumer_pauses = await pauses(args.moves, named=True)
+        # Unloads without a destination: the leader places each (one round through it).
+        unload_producer, unload_consumer = await pauses(args.unloads, named=False)
 
         flowing: list[float] = []
         for kill in range(args.kills):
@@ -159,6 +176,13 @@ async def moves_and_kills(
             ],
             "move_producer_pause_p99_s": round(pct(producer_pauses, 0.99), 3),
             "move_consumer_pause_p99_s": round(pct(consumer_pauses, 0.99), 3),
+            "unloads": args.unloads,
+            "unload_pauses_s": [
+                [round(p, 3), round(c, 3)]
+                for p, c in zip(unload_producer, unload_consumer, strict=True)
+            ],
+            "unload_producer_pause_p99_s": round(pct(unload_producer, 0.99), 3),
+            "unload_consumer_pause_p99_s": round(pct(unload_consumer, 0.99), 3),
             "failover_flowing_after_reassignment_p99_s": round(pct(flowing, 0.99), 3),
             "duplicates_per_1000": round(1000 * verdict.duplicates / produced, 2),
             "lost": verdict.lost,
@@ -201,7 +225,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--topics", type=int, default=4, help="live reliable topics")
     parser.add_argument("--rate", type=float, default=50.0, help="msg/s per topic")
-    parser.add_argument("--moves", type=int, default=20)
+    parser.add_argument(
+        "--moves", type=int, default=20, help="moves naming their destination (unload --to)"
+    )
+    parser.add_argument(
+        "--unloads", type=int, default=10, help="unloads the leader places (no destination)"
+    )
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--ttl", type=float, default=5.0, help="registration TTL (s)")
     parser.add_argument("--duration", type=float, default=5.0, help="overhead run (s)")

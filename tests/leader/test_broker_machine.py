@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ballast.leader.broker_machine import BrokerMachine, GiveBack, Load, Reject, Unload
+from ballast.leader.broker_machine import (
+    BrokerMachine,
+    GiveBack,
+    Load,
+    Reject,
+    SealHandoff,
+    Unload,
+)
 from ballast.leader.intents import Placement
 from ballast.leader.transactions import placement_write
 from ballast.metadata import Compare, Delete, Put, WatchEvent, keys
@@ -152,22 +159,20 @@ def test_the_seal_hands_a_move_to_the_destination_it_names() -> None:
     topic = "/ns/t"
     move = UnassignedMarker(MarkerReason.REBALANCE, "b1", "b2", NOW, ready=False)
     handoff = machine.handoff(topic, move.to_dict(), 41, NOW + 1)
-    assert handoff is not None
-    compares, ops = handoff
     ready = replace(move, ready=True)
-    placed = placement_write(Placement(topic, "b2", 41, ready), NOW + 1)
-    assert compares == [*placed[0], Compare.present(keys.register("b2"))]
-    assert ops == placed[1]
+    compares, ops = placement_write(Placement(topic, "b2", 41, ready), NOW + 1)
+    assert handoff == SealHandoff(
+        (*compares, Compare.present(keys.register("b2"))), tuple(ops), "b2", ready
+    )
     assert Delete(keys.unassigned(topic)) in ops
     assert Put(keys.topic_owner(topic), owner_value("b2")) in ops
 
     unload = UnassignedMarker(MarkerReason.UNLOAD, "b1", None, NOW, ready=False)
-    assert machine.handoff(topic, unload.to_dict(), 7, NOW) == swap(
-        keys.unassigned(topic), 7, replace(unload, ready=True).to_dict()
-    )
-    back = replace(unload, to_broker="b1")
-    assert machine.handoff(topic, back.to_dict(), 7, NOW) == swap(
-        keys.unassigned(topic), 7, replace(back, ready=True).to_dict()
-    )
+    for marker in (unload, replace(unload, to_broker="b1")):
+        made_ready = replace(marker, ready=True)
+        guard, write = swap(keys.unassigned(topic), 7, made_ready.to_dict())
+        assert machine.handoff(topic, marker.to_dict(), 7, NOW) == SealHandoff(
+            tuple(guard), tuple(write), None, made_ready
+        )
     assert machine.handoff(topic, replace(move, from_broker="b3").to_dict(), 7, NOW) is None
     assert machine.handoff(topic, ready.to_dict(), 7, NOW) is None

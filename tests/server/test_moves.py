@@ -323,6 +323,10 @@ async def test_a_move_that_names_its_destination_is_placed_by_the_seal_itself(
     )
     assert sealed_at is not None and sealed_at == assigned_at
     assert not made_ready
+    counted = source.process.metrics.registry.get_sample_value(
+        "ballast_topic_assignments_total", {"broker_id": target, "action": "assign"}
+    )
+    assert counted == 1  # counted by the source (the leader did not place it)
     await producer.send(b"m3")
     got = await receive_and_ack(consumer, await consumer.receive(), 4)
     assert [m.msg_id.topic_offset for m in got] == [0, 1, 2, 3]

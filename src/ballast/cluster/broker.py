@@ -39,7 +39,14 @@ from ballast.cluster.metrics import ClusterMetrics
 from ballast.cluster.resources import PsutilSampler, ResourceSampler
 from ballast.cluster.service import Service, keep_alive, watching
 from ballast.config import BallastConfig
-from ballast.leader.broker_machine import BrokerEffect, BrokerMachine, GiveBack, Load, Unload
+from ballast.leader.broker_machine import (
+    BrokerEffect,
+    BrokerMachine,
+    GiveBack,
+    Load,
+    SealHandoff,
+    Unload,
+)
 from ballast.metadata import (
     Compare,
     KeyValue,
@@ -75,10 +82,11 @@ class MarkerHandoff:
     def __init__(
         self,
         read: Awaitable[KeyValue | None],
-        writes: Callable[[KeyValue], tuple[Sequence[Compare], Sequence[TxnOp]] | None],
+        decide: Callable[[KeyValue], SealHandoff | None],
     ) -> None:
         self._read = read
-        self._writes = writes
+        self._decide = decide
+        self.decided: SealHandoff | None = None
         self.done = False
 
     async def writes(self) -> tuple[Sequence[Compare], Sequence[TxnOp]] | None:
@@ -86,9 +94,12 @@ class MarkerHandoff:
         if kv is None:
             return None
         try:
-            return self._writes(kv)
+            self.decided = self._decide(kv)
         except ModelError:
             return None  # `_mark_ready` reports it
+        if self.decided is None:
+            return None
+        return self.decided.compares, self.decided.ops
 
     def written(self) -> None:
         self.done = True
@@ -400,6 +411,10 @@ class BrokerNode(Service):
                 await cancel_and_wait(marker)
         if sealed and not handoff.done:
             await self._mark_ready(effect.topic, marker)
+        elif handoff.done and handoff.decided is not None and handoff.decided.placed_on:
+            target, why = handoff.decided.placed_on, handoff.decided.marker.reason.value
+            self.metrics.assignments.labels(broker_id=target, action="assign").inc()
+            log.info("%s: [%s] %s → %s, placed by its seal", self.name, why, effect.topic, target)
 
     async def _unload(self, topic: str, serving: bool, handoff: Handoff | None = None) -> bool:
         """Stop serving `topic` (sealing it, if `serving`); False if the host failed to.

@@ -61,6 +61,17 @@ class GiveBack:
 
 
 @dataclass(frozen=True)
+class SealHandoff:
+    """What a seal writes for its topic's marker (`BrokerMachine.handoff`): the conditions,
+    the writes, and the broker they place the topic on (None: the marker made ready)."""
+
+    compares: tuple[Compare, ...]
+    ops: tuple[Put | Delete, ...]
+    placed_on: BrokerId | None
+    marker: UnassignedMarker
+
+
+@dataclass(frozen=True)
 class Reject:
     """A bad record (`kind` for the rejection counter), logged; the broker keeps going."""
 
@@ -162,9 +173,7 @@ class BrokerMachine:
             (*release_ops(self.broker_id, topic), Put(keys.unassigned(topic), marker.to_dict())),
         )
 
-    def handoff(
-        self, topic: str, value: Any, revision: int, now: float
-    ) -> tuple[list[Compare], list[Put | Delete]] | None:
+    def handoff(self, topic: str, value: Any, revision: int, now: float) -> SealHandoff | None:
         """What the seal's own transaction writes for `topic`'s marker `value` (read at
         `revision`) if it waits for this broker's seal, else None. A move that names its
         destination (the rebalancer's, a plan's, ``unload --to``) is placed there at once,
@@ -182,9 +191,12 @@ class BrokerMachine:
         ready = replace(marker, ready=True)
         target = marker.to_broker
         if target is None or target == self.broker_id:
-            return swap(keys.unassigned(topic), revision, ready.to_dict())
+            compares, ops = swap(keys.unassigned(topic), revision, ready.to_dict())
+            return SealHandoff(tuple(compares), tuple(ops), None, ready)
         compares, ops = placement_write(Placement(topic, target, revision, ready), now)
-        return [*compares, Compare.present(keys.register(target))], ops
+        return SealHandoff(
+            (*compares, Compare.present(keys.register(target))), tuple(ops), target, ready
+        )
 
     def ready_marker(self, value: Any, unsealed: str | None = None) -> dict[str, Any] | None:
         """The marker `value` made ready, if it waits for this broker's seal (else None);

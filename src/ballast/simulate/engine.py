@@ -292,7 +292,7 @@ class Simulator:
         if kv is None:
             return
         handoff = machine.handoff(topic, kv.value, kv.mod_revision, self.now)
-        if handoff is not None and self.store.txn(*handoff).succeeded:
+        if handoff is not None and self.store.txn(handoff.compares, handoff.ops).succeeded:
             return
         ready = machine.ready_marker(kv.value)
         if ready is not None:

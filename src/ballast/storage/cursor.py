@@ -46,7 +46,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # At most this many cursors, of this much JSON, ride in the seal's transaction (with the
-# sealed state and the marker, far within etcd's 128 operations and 1.5 MiB per request).
+# sealed state and the marker's handoff — at most three writes —, far within etcd's 128
+# operations and 1.5 MiB per request).
 FOLD_MAX_CURSORS = 64
 FOLD_MAX_BYTES = 512 * 1024
 
