@@ -286,8 +286,9 @@ class Simulator:
             self.result.drains.append(row)
 
     def _seal(self, machine: BrokerMachine, topic: str) -> None:
-        """The source has sealed at once: its marker handed off as the seal hands it off
-        (placed on the destination the move names, or made ready), else made ready."""
+        """The source has sealed at once: its marker is handed off as a seal hands it off
+        (placed on the destination the move names, or made ready); made ready if the
+        placement's conditions fail."""
         kv = self.store.get(keys.unassigned(topic))
         if kv is None:
             return
