@@ -198,6 +198,55 @@ async def test_a_broker_without_the_link_gets_unary_calls() -> None:
     assert [pb.StreamMessage.FromString(m).payload for m in sent] == [b"first", b"second"]
 
 
+async def test_a_link_stream_ended_internal_before_any_answer_asks_why() -> None:
+    """grpc may end a stream the broker rejects "Internal error from Core" instead of its
+    UNIMPLEMENTED when a send was being written (seen in CI): the link asks again with an
+    empty stream, learns the broker has no link, and the sends go as unary calls."""
+    sent: list[bytes] = []
+    opened = 0
+
+    async def send(request: bytes, context: Any) -> bytes:
+        sent.append(request)
+        return bytes(pb.MessageResponse(request_id=7).SerializeToString())
+
+    async def link(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        nonlocal opened
+        opened += 1
+        if opened == 1:
+            await context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        yield b""  # an async generator (never reached)
+
+    service, method = LINK_METHOD.rsplit("/", 1)
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "danube.ProducerService",
+                {"SendMessage": grpc.unary_unary_rpc_method_handler(send)},
+            ),
+            grpc.method_handlers_generic_handler(
+                service.strip("/"), {method: grpc.stream_stream_rpc_method_handler(link)}
+            ),
+        )
+    )
+    url = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    links = BrokerLinks(None, batch_sends=True)
+    try:
+        reply = await links.call(
+            url, "/danube.ProducerService/SendMessage", message(1, b"first"), [], 5
+        )
+        assert pb.MessageResponse.FromString(reply).request_id == 7
+        link_of = links.link(url)
+        assert link_of is not None and not link_of.supported
+    finally:
+        await links.close()
+        await server.stop(0)
+    assert opened == 2  # the stream, then the empty one that asked
+    assert [pb.StreamMessage.FromString(m).payload for m in sent] == [b"first"]
+
+
 async def _closed_without_answer(port: int, data: bytes) -> bytes:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:

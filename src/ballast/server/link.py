@@ -69,6 +69,8 @@ MAX_IN_FLIGHT = 4096  # sends of one link a broker runs at once (then it stops r
 
 TCP_CONNECT_SECONDS = 3.0  # to connect to a link port, and to say what a connection is
 WHERE_METHOD = "/ballast.GatewayLink/Where"  # answers the broker's TCP link port
+# How long a link that ended INTERNAL waits to learn whether the broker has no link.
+RPC_PROBE_SECONDS = 2.0
 TCP_PREAMBLE = b"BALLAST-LINK/1 "  # then the kind: b"S" sends, b"A" acks
 _TCP_KIND_OF = {LINK_METHOD: b"S", ACK_LINK_METHOD: b"A"}
 _TCP_KINDS = {kind: method for method, kind in _TCP_KIND_OF.items()}
@@ -396,17 +398,21 @@ class SendLink:
     async def _stream(self) -> None:
         error = rpc_error(grpc.StatusCode.UNAVAILABLE, f"link to {self.url}: connection ended")
         opened: _Opened | None = None
+        answered = False
         try:
             opened = await self._open()
             writer = asyncio.create_task(self._write(opened.write))
             try:
                 async for frame in opened.frames:
+                    answered = True
                     self._answer(frame)
             finally:
                 writer.cancel()
                 with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError, OSError):
                     await writer
         except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.INTERNAL and self.transport == "grpc" and not answered:
+                exc = await self._rejected(exc)
             if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
                 self.supported = False
                 error = exc
@@ -467,6 +473,25 @@ class SendLink:
         call = self.channel.stream_stream(self.method)()
         self.transport = "grpc"
         return _Opened(call.write, call, call.cancel)
+
+    async def _rejected(self, exc: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+        """Why a gRPC link stream that never answered ended INTERNAL: writing to a stream
+        the broker is rejecting can end it "Internal error from Core" instead of the
+        broker's UNIMPLEMENTED (seen in CI). An empty stream, ended before anything is
+        written, tells: the broker's UNIMPLEMENTED, else `exc` as it was."""
+        probe = self.channel.stream_stream(self.method)()
+        try:
+            async with asyncio.timeout(RPC_PROBE_SECONDS):
+                await probe.done_writing()
+                await probe.read()
+        except grpc.aio.AioRpcError as answer:
+            if answer.code() is grpc.StatusCode.UNIMPLEMENTED:
+                return answer
+        except TimeoutError:
+            pass
+        finally:
+            probe.cancel()
+        return exc
 
     async def _tcp_port(self) -> int:
         """The broker's link port (0: none, or a broker from before TCP links); asked on
