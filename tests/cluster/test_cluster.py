@@ -23,7 +23,7 @@ from ballast.cluster.admin import AdminError
 from ballast.metadata import MetadataStore, keys
 from ballast.metadata.memory import MemoryStore
 from ballast.metadata.store import Compare, Delete, Put, TxnResult
-from ballast.model import MarkerReason
+from ballast.model import MarkerReason, UnassignedMarker
 from tests.cluster.helpers import (
     FAST_REBALANCING,
     all_settled,
@@ -220,6 +220,13 @@ async def test_every_marker_is_consumed_and_no_topic_has_two_owners(
         await store.delete(keys.CLUSTER_PREFIX + "zz-test-end")
 
 
+def consumed_marker(cluster: LocalCluster, broker: str, topic: str) -> UnassignedMarker:
+    """The marker `broker`'s host was given `topic` with (it serves the topic)."""
+    marker = cluster.host(broker).topics[topic]
+    assert marker is not None
+    return marker
+
+
 @pytest.mark.parametrize("store", ["memory"], indirect=True)
 async def test_marker_reasons_reach_the_new_owner(store: MetadataStore) -> None:
     """The new owner's host learns why it got the topic (the consumed marker)."""
@@ -240,8 +247,7 @@ async def test_marker_reasons_reach_the_new_owner(store: MetadataStore) -> None:
         assert target not in (None, owner)
         assert target is not None
         await wait_until(lambda: hosts_match(cluster, admin), 5, "hosts serve their topics")
-        marker = cluster.host(target).topics["/m/t"]
-        assert marker is not None
+        marker = consumed_marker(cluster, target, "/m/t")
         assert (marker.reason, marker.from_broker, marker.ready) == (
             MarkerReason.UNLOAD,
             owner,
@@ -280,8 +286,7 @@ async def test_unload_to_a_named_broker_and_what_it_refuses(store: MetadataStore
             return "/m/t" in cluster.host(target).topics
 
         await wait_until(served_there, 10, f"/m/t served by {target}")
-        marker = cluster.host(target).topics["/m/t"]
-        assert marker is not None
+        marker = consumed_marker(cluster, target, "/m/t")
         assert (marker.reason, marker.from_broker, marker.to_broker) == (
             MarkerReason.UNLOAD,
             owner,

@@ -404,7 +404,7 @@ class AdminClient:
         `to_broker` (Pulsar's ``--destinationBroker``), the owner's seal hands it to that
         broker directly (the leader places it if that broker is gone by then)."""
         name = _topic(topic)
-        view = await self._require_broker(to_broker) if to_broker else await self.view()
+        view = await (self.view() if to_broker is None else self._require_broker(to_broker))
         owner = view.owner(name)
         if owner is None:
             raise AdminError(f"topic {name} is not assigned to any broker (nothing to unload)")

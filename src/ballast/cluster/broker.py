@@ -104,6 +104,12 @@ class MarkerHandoff:
     def written(self) -> None:
         self.done = True
 
+    @property
+    def placed_on(self) -> BrokerId | None:
+        """The broker the written handoff placed the topic on (None: none written, or the
+        marker made ready)."""
+        return self.decided.placed_on if self.done and self.decided is not None else None
+
 
 class BrokerNode(Service):
     """Registration, load reports and the topics of one broker."""
@@ -411,8 +417,8 @@ class BrokerNode(Service):
                 await cancel_and_wait(marker)
         if sealed and not handoff.done:
             await self._mark_ready(effect.topic, marker)
-        elif handoff.done and handoff.decided is not None and handoff.decided.placed_on:
-            target, why = handoff.decided.placed_on, handoff.decided.marker.reason.value
+        elif handoff.decided is not None and (target := handoff.placed_on) is not None:
+            why = handoff.decided.marker.reason.value
             self.metrics.assignments.labels(broker_id=target, action="assign").inc()
             log.info("%s: [%s] %s → %s, placed by its seal", self.name, why, effect.topic, target)
 

@@ -185,11 +185,10 @@ class BrokerMachine:
         If the placement's conditions fail (the destination is gone), the seal is written
         alone and the marker made ready after it (`ready_marker`): the leader places it.
         """
-        marker = UnassignedMarker.from_dict(value)
-        if marker.from_broker != self.broker_id or marker.ready:
+        ready = self._made_ready(value)
+        if ready is None:
             return None
-        ready = replace(marker, ready=True)
-        target = marker.to_broker
+        target = ready.to_broker
         if target is None or target == self.broker_id:
             compares, ops = swap(keys.unassigned(topic), revision, ready.to_dict())
             return SealHandoff(tuple(compares), tuple(ops), None, ready)
@@ -202,7 +201,11 @@ class BrokerMachine:
         """The marker `value` made ready, if it waits for this broker's seal (else None);
         `unsealed` says why the topic was handed over unsealed. Raises `ModelError` on a
         bad marker."""
+        ready = self._made_ready(value, unsealed)
+        return None if ready is None else ready.to_dict()
+
+    def _made_ready(self, value: Any, unsealed: str | None = None) -> UnassignedMarker | None:
         marker = UnassignedMarker.from_dict(value)
         if marker.from_broker != self.broker_id or marker.ready:
             return None
-        return replace(marker, ready=True, unsealed=unsealed).to_dict()
+        return replace(marker, ready=True, unsealed=unsealed)
