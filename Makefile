@@ -24,7 +24,7 @@ sysdeps:
 	@if [ ! -x /usr/bin/chromium ] || ! command -v prometheus >/dev/null 2>&1; then \
 		echo "installing $(SYSDEPS) (apt-get)"; \
 		$(SUDO) apt-get update -q && \
-		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SYSDEPS); \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(SYSDEPS); \
 	fi
 
 demo: $(STAMP)
