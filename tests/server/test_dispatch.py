@@ -60,16 +60,34 @@ async def test_out_of_order_acks_move_the_cursor_to_the_lowest_unacked() -> None
 
 
 async def test_an_ack_before_the_message_is_read_skips_it() -> None:
-    sub = reliable()
+    # This owner began at offset 3: a previous owner wrote (and may have delivered) 0..2.
+    sub = SubscriptionDispatcher(
+        "s", "shared", window=10, reliable=True, buffer=100, previous_owner_below=3
+    )
     c = sub.join("c", "shared", (), 0.0)
     q = c.attach()
-    sub.ack(1)  # acked at the old owner's time, arriving here before we read it
+    assert sub.ack(1)  # acked at the old owner's time, arriving here before we read it
     for i in range(3):
         sub.offer(d(i))
     assert offsets(q) == [0, 2]
     sub.ack(0)
     sub.ack(2)
     assert sub.cursor == 2
+
+
+async def test_an_ack_for_an_offset_this_owner_wrote_and_never_delivered_is_refused() -> None:
+    sub = SubscriptionDispatcher(
+        "s", "exclusive", window=10, reliable=True, buffer=100, previous_owner_below=3
+    )
+    c = sub.join("c", "exclusive", (), 0.0)
+    q = c.attach()
+    # Within the window for the previous owner's acks, but 3 and 4 are this owner's (or
+    # not written yet): nobody can have received them.
+    assert not sub.ack(3)
+    assert not sub.ack(4)
+    for i in range(6):
+        sub.offer(d(i))
+    assert offsets(q) == [0, 1, 2, 3, 4, 5]  # nothing skipped
 
 
 async def test_shared_round_robin_and_failover_order() -> None:

@@ -63,7 +63,8 @@ log = logging.getLogger(__name__)
 # most likely has them and acks them) before they are redelivered.
 REDELIVERY_GRACE = 5.0
 # After a subscription opens here (a move), acks of what the previous owner delivered are
-# taken this long; later, an ack for an offset never delivered here is ignored.
+# taken this long; later, an ack for an offset never delivered here is ignored. Only
+# offsets below where this owner began can have been delivered by a previous one.
 MOVED_ACKS_SECONDS = 10.0
 
 _FNV_OFFSET = 0xCBF29CE484222325
@@ -246,6 +247,7 @@ class SubscriptionDispatcher:
         start_cursor: int = -1,
         acked_above: tuple[tuple[int, int], ...] = (),
         buffer_bytes: int = 16 * 1024 * 1024,
+        previous_owner_below: int = 0,
     ) -> None:
         self.name = name
         self.sub_type = sub_type
@@ -276,6 +278,8 @@ class SubscriptionDispatcher:
         self._acked_before = AckRanges(acked_above) if acked_above else None
         self._holds: dict[int, float] = {}  # offset -> seconds to hold it when offered
         self._delivered: set[int] = set()  # offsets given to a consumer, not yet acked
+        # A previous owner delivered at most the offsets below `previous_owner_below`.
+        self._foreign_below = previous_owner_below
         self._foreign_acks_until = time.monotonic() + MOVED_ACKS_SECONDS
 
     # -- consumers -----------------------------------------------------------------------
@@ -500,12 +504,13 @@ class SubscriptionDispatcher:
 
         Duplicate acks are fine. An ack for an offset this subscription never delivered
         is ignored (remembered, it would make the subscription skip that message later),
-        except during `MOVED_ACKS_SECONDS` after the subscription opened here: then the
-        acks of what the previous owner delivered arrive, maybe before we read it.
+        except, during `MOVED_ACKS_SECONDS` after the subscription opened here, for the
+        offsets a previous owner wrote: their acks arrive, maybe before we read them.
+        An offset this owner wrote was delivered here or by nobody.
         """
         if not self.reliable or self._is_acked(offset):
             return True
-        if offset not in self._delivered and time.monotonic() > self._foreign_acks_until:
+        if offset not in self._delivered and not self._previous_owner_delivered(offset):
             return False
         self._delivered.discard(offset)
         owner = self._owner.pop(offset, None)
@@ -515,6 +520,10 @@ class SubscriptionDispatcher:
         self._advance()
         self.pump()
         return True
+
+    def _previous_owner_delivered(self, offset: int) -> bool:
+        """Whether `offset` may be one the previous owner delivered, acked only now."""
+        return offset < self._foreign_below and time.monotonic() <= self._foreign_acks_until
 
     def unacked_message(self, offset: int) -> Any | None:
         """The wire message delivered at `offset` and not yet acked, if any."""

@@ -328,6 +328,7 @@ class ReliableServedTopic(ServedTopic):
             start_cursor=start - 1,
             acked_above=position.acked_above,
             buffer_bytes=self.buffer_bytes,
+            previous_owner_below=self.storage.opened.next_offset,
         )
         self._persisted[name] = start - 1
         self._readers[name] = self.tasks.spawn_contained(
