@@ -3,17 +3,19 @@
 - append throughput (msgs/s, MB/s) for 100 B and 1 KiB payloads, fsync per batch and per
   interval, from 64 concurrent single-message producers and from batch appends;
 - tiered read throughput from object storage (local directory) and from the WAL files;
-- seal time of a topic holding 100 MB that is not yet uploaded.
+- seal time of a topic holding 100 MB, with durable acks (every commit is already in
+  object storage) and with local acks (the seal uploads what the background upload has
+  not reached yet: `unuploaded_mb`).
 
-Usage: python benchmarks/bench_storage.py [--quick]
+Usage: python benchmarks/bench_storage.py [--seconds 2] [--read-mb 50] [--seal-mb 100] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import platform
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -23,6 +25,7 @@ from typing import Any
 from ballast.clock import SystemClock
 from ballast.metadata import MemoryStore
 from ballast.storage import (
+    AckMode,
     FsspecObjectStore,
     FsyncPolicy,
     Message,
@@ -30,6 +33,9 @@ from ballast.storage import (
     StorageConfig,
     Tier,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.cli import emit, parse_args
 
 MB = 1_000_000
 BASE = StorageConfig(
@@ -40,14 +46,30 @@ BASE = StorageConfig(
 )
 
 
-def topic_on(root: Path, metadata: MemoryStore, config: StorageConfig, name: str) -> ReliableTopic:
+class SkippingClock(SystemClock):
+    """Real time that the benchmark can move forward at once (to pass a retention period)."""
+
+    def __init__(self) -> None:
+        self.skipped = 0.0
+
+    def now(self) -> float:
+        return super().now() + self.skipped
+
+
+def topic_on(
+    root: Path,
+    metadata: MemoryStore,
+    config: StorageConfig,
+    name: str,
+    clock: SystemClock | None = None,
+) -> ReliableTopic:
     return ReliableTopic(
         f"/bench/{name}",
         broker_id="bench",
         data_dir=root / "wal",
         objects=FsspecObjectStore(str(root / "objects")),
         metadata=metadata,
-        clock=SystemClock(),
+        clock=clock or SystemClock(),
         config=config,
     )
 
@@ -104,14 +126,21 @@ async def fill(topic: ReliableTopic, total_bytes: int, size: int) -> int:
 
 async def bench_reads(root: Path, total_bytes: int) -> dict[str, Any]:
     size = 1024
-    # Small segments, so that retention can drop all but the active one after the upload.
-    config = replace(BASE, fsync_policy=FsyncPolicy.NEVER, retention_seconds=0, segment_bytes=MB)
+    # Every WAL commit is uploaded at once (a send is acknowledged from object storage), so
+    # the WAL keeps its closed segments only for `retention_seconds` after their upload.
+    # Small segments, so that retention can drop all but the active one once it has passed.
+    retention = 600.0
+    config = replace(
+        BASE, fsync_policy=FsyncPolicy.NEVER, retention_seconds=retention, segment_bytes=MB
+    )
+    clock = SkippingClock()
     results: dict[str, Any] = {}
     async with MemoryStore() as metadata:
-        topic = topic_on(root, metadata, config, "reads")
+        topic = topic_on(root, metadata, config, "reads", clock)
         async with topic:
             count = await fill(topic, total_bytes, size)
-            # WAL tier: the cache holds only the newest 1024 records, the rest is files.
+            # WAL tier: within the retention period every record is still in the WAL; the
+            # cache holds only the newest 1024, the rest is read from the segment files.
             start = time.perf_counter()
             n = 0
             async for item in topic.read(0, live=False):
@@ -124,7 +153,9 @@ async def bench_reads(root: Path, total_bytes: int) -> dict[str, Any]:
                 "mb_per_s": round(n * size / elapsed / MB, 1),
                 "msgs_per_s": round(n / elapsed),
             }
-            # Object tier: upload, let retention drop every closed segment, read again.
+            # Object tier: pass the retention period (the clock, not a wait), upload (which
+            # applies the WAL's retention: every closed segment goes), read again.
+            clock.skipped += retention + 1
             await topic.upload_now()
             start = time.perf_counter()
             n = objects = 0
@@ -142,36 +173,43 @@ async def bench_reads(root: Path, total_bytes: int) -> dict[str, Any]:
     return results
 
 
-async def bench_seal(root: Path, total_bytes: int) -> dict[str, Any]:
-    config = replace(BASE, fsync_policy=FsyncPolicy.INTERVAL)
+async def bench_seal(root: Path, total_bytes: int, ack: AckMode) -> dict[str, Any]:
+    # Every WAL commit is uploaded at once: with durable acks (the default) nothing
+    # acknowledged waits for the seal; with local acks the upload follows in the background
+    # and the seal uploads what it has not reached yet (measured, not chosen).
+    config = replace(BASE, fsync_policy=FsyncPolicy.INTERVAL, ack=ack)
     async with MemoryStore() as metadata:
-        topic = topic_on(root, metadata, config, "seal")
+        topic = topic_on(root, metadata, config, f"seal-{ack.value}")
         async with topic:
             count = await fill(topic, total_bytes, 1024)
+            waiting = count - 1 - topic.uploaded_offset
             start = time.perf_counter()
             state = await topic.seal()
             elapsed = time.perf_counter() - start
     return {
-        "unuploaded_mb": round(count * 1024 / MB, 1),
+        "ack": ack.value,
+        "mb": round(count * 1024 / MB, 1),
+        "unuploaded_mb": round(waiting * 1024 / MB, 1),
         "messages": count,
         "last_committed_offset": state.last_committed_offset,
         "objects": topic.stats.objects_uploaded,
-        "seconds": round(elapsed, 2),
-        "mb_per_s": round(count * 1024 / elapsed / MB, 1),
+        "seconds": round(elapsed, 3),
     }
 
 
-async def main(quick: bool) -> dict[str, Any]:
-    seconds = 0.5 if quick else 2.0
+async def main(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ballast-bench-") as tmp:
         root = Path(tmp)
         appends = []
         for size in (100, 1024):
             for policy in (FsyncPolicy.BATCH, FsyncPolicy.INTERVAL):
                 for mode in ("concurrent", "batch"):
-                    appends.append(await bench_append(root, size, policy, mode, seconds))
-        reads = await bench_reads(root, (10 if quick else 50) * MB)
-        seal = await bench_seal(root, (10 if quick else 100) * MB)
+                    appends.append(await bench_append(root, size, policy, mode, args.seconds))
+        reads = await bench_reads(root, args.read_mb * MB)
+        seal = {
+            ack.value: await bench_seal(root, args.seal_mb * MB, ack)
+            for ack in (AckMode.DURABLE, AckMode.LOCAL)
+        }
     return {
         "benchmark": "storage",
         "python": platform.python_version(),
@@ -184,9 +222,11 @@ async def main(quick: bool) -> dict[str, Any]:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller sizes, shorter runs")
-    args = parser.parse_args()
+    parser.add_argument("--seconds", type=float, default=2.0, help="per append measurement")
+    parser.add_argument("--read-mb", type=int, default=50, help="MB written, then read back")
+    parser.add_argument("--seal-mb", type=int, default=100, help="MB in the topic sealed")
+    args = parse_args(parser, quick={"seconds": 0.3, "read_mb": 5, "seal_mb": 5})
     started = time.perf_counter()
-    report = asyncio.run(main(args.quick))
+    report = asyncio.run(main(args))
     report["total_seconds"] = round(time.perf_counter() - started, 1)
-    print(json.dumps(report, indent=2))
+    emit(report)
