@@ -14,16 +14,17 @@
   p50/p99. Goal (issue 20): ≤ 25 % fewer msg/s through the gateway.
 
 Everything runs on this machine (etcd, broker and gateway processes, the clients in this
-process). Prints one JSON document.
+process); both parts share one etcd and one object store (a broker refuses an object store
+that is not the cluster's). A child that exits before it starts fails the run with the
+tail of its stderr. Prints one JSON document.
 
-    .venv/bin/python benchmarks/bench_failover.py [--topics 100] [--ttl 5]
+    .venv/bin/python benchmarks/bench_failover.py [--topics 100] [--ttl 5] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import sys
@@ -40,8 +41,16 @@ from ballast.cluster import AdminClient
 from ballast.cluster.traffic import LiveTraffic
 from ballast.metadata import keys
 from ballast.metadata.etcd import EtcdStore
+from benchmarks.cli import emit, parse_args
+from benchmarks.processes import Processes, started_or_tail
 from tests.etcd_fixtures import EtcdServer
-from tests.server.procs import Processes, started, write_config
+from tests.server.procs import write_config
+
+
+def shared_storage(work: Path) -> dict[str, str]:
+    """The `storage` settings every broker of a run shares: one object store (the cluster's),
+    whatever its own data directory."""
+    return {"object_store": str(work / "objects")}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -69,8 +78,9 @@ async def failover(
         broker={"registration_ttl_seconds": ttl, "leader_ttl_seconds": ttl},
         load_manager={"load_report_interval_seconds": 1.0},
         gateway={"lookup_wait_seconds": ttl + 30},
+        storage=shared_storage(work),
     )
-    procs = Processes(etcd_url, config, store)
+    procs = Processes(etcd_url, config, store, work / "logs-failover")
     admin = AdminClient(store)
     names = [f"/default/fo-{i:03d}" for i in range(topics)]
     traffic: LiveTraffic | None = None
@@ -205,11 +215,16 @@ async def overhead(
     """msg/s of `producers` producers directly, through a gateway that batches sends on its
     link to the broker and through one that forwards each send as a unary call; the three
     interleaved `rounds` times (the machine's drift hits all alike), medians compared."""
-    config = write_config(work / "overhead.yaml", work / "data-overhead")
-    unary = write_config(
-        work / "overhead-unary.yaml", work / "data-overhead", gateway={"batch_sends": False}
+    config = write_config(
+        work / "overhead.yaml", work / "data-overhead", storage=shared_storage(work)
     )
-    procs = Processes(etcd_url, config, store)
+    unary = write_config(
+        work / "overhead-unary.yaml",
+        work / "data-overhead",
+        gateway={"batch_sends": False},
+        storage=shared_storage(work),
+    )
+    procs = Processes(etcd_url, config, store, work / "logs-overhead")
     relays: list[_Relay] = []
     try:
         urls = {
@@ -222,7 +237,7 @@ async def overhead(
         for mode, gateway in zip(("gateway", "gateway_unary"), procs.gateways, strict=True):
             pids[mode] = {"client": os.getpid(), "gateway": gateway.pid, "broker": broker}
         for relay_mode in ("link", "unary"):
-            relay = await _start_relay(urls["direct"], relay_mode)
+            relay = await _start_relay(urls["direct"], relay_mode, procs.logs)
             relays.append(relay)
             urls[f"relay_{relay_mode}"] = relay.address
             pids[f"relay_{relay_mode}"] = {
@@ -264,13 +279,15 @@ class _Relay:
     address: str
 
 
-async def _start_relay(broker: str, mode: str) -> _Relay:
+async def _start_relay(broker: str, mode: str, logs: Path) -> _Relay:
     """`relay.py`: the cheapest forwarder (no sessions, no checks), for comparison."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(Path(__file__).with_name("relay.py")), "--broker", broker,
-        "--mode", mode, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    return _Relay(proc, await started(proc, "RELAY-STARTED", f"relay ({mode})"))
+    log = logs / f"relay-{mode}.log"
+    with log.open("ab") as stderr:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(Path(__file__).with_name("relay.py")), "--broker", broker,
+            "--mode", mode, stdout=asyncio.subprocess.PIPE, stderr=stderr,
+        )  # fmt: skip
+    return _Relay(proc, await started_or_tail(proc, "RELAY-STARTED", f"relay ({mode})", log))
 
 
 def _median_run(found: list[dict[str, Any]]) -> dict[str, Any]:
@@ -286,7 +303,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         async with EtcdStore(server.client_url) as store:
             if args.only in ("", "overhead"):
                 result["gateway_overhead"] = await overhead(
-                    store, server.client_url, work, args.producers, args.duration
+                    store, server.client_url, work, args.producers, args.duration, args.rounds
                 )
             for prefix in (keys.CLUSTER_PREFIX, keys.TOPICS_PREFIX, keys.STORAGE_PREFIX):
                 await store.delete_prefix(prefix)
@@ -305,9 +322,13 @@ def main() -> None:
     parser.add_argument("--ttl", type=float, default=5.0, help="registration TTL (s)")
     parser.add_argument("--producers", type=int, default=8)
     parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=2, help="overhead runs per mode")
     parser.add_argument("--only", choices=("", "overhead", "failover"), default="")
-    args = parser.parse_args()
-    print(json.dumps(asyncio.run(main_async(args)), indent=2))
+    args = parse_args(
+        parser,
+        quick={"topics": 4, "rate": 5.0, "ttl": 2.0, "producers": 2, "duration": 0.5, "rounds": 1},
+    )
+    emit(asyncio.run(main_async(args)))
 
 
 if __name__ == "__main__":
