@@ -14,14 +14,13 @@ the leader places on and fails over to them like any other broker), which is wha
 broker count costs the leader. Prints one JSON document.
 
     .venv/bin/python benchmarks/bench_cluster.py [--topics 1000] [--brokers 5,300]
-        [--stores memory,etcd]
+        [--stores memory,etcd] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import statistics
@@ -40,6 +39,7 @@ from ballast.metadata.memory import MemoryStore
 from ballast.metadata.records import Registration
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.cli import emit, parse_args
 from tests.etcd_fixtures import EtcdServer
 
 TTL = 2.0
@@ -212,7 +212,8 @@ def main() -> None:
     parser.add_argument("--topics", type=int, default=1000)
     parser.add_argument("--brokers", default="5,300", help="comma-separated broker counts")
     parser.add_argument("--stores", default="memory,etcd")
-    args = parser.parse_args()
+    # Quick: one more broker than run in-process, so an idle registration is there too.
+    args = parse_args(parser, quick={"topics": 20, "brokers": str(IN_PROCESS + 1)})
     logging.basicConfig(
         level=os.environ.get("LOG_LEVEL", "WARNING"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -221,7 +222,7 @@ def main() -> None:
     if any(n < 2 for n in counts):
         parser.error("--brokers: every count must be at least 2 (a leader and a survivor)")
     result = asyncio.run(main_async(args.topics, counts, args.stores.split(",")))
-    print(json.dumps(result, indent=2))
+    emit(result)
 
 
 if __name__ == "__main__":

@@ -2,19 +2,25 @@
 
 Target: under 1 second. Building the snapshot (decoding reports) is not timed: the leader
 does that once per report as reports arrive, not per decision. Prints JSON.
+
+    .venv/bin/python benchmarks/bench_core.py [--brokers 1000] [--topics 1000000] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from ballast.balance import MoveHistory, decide_rebalance, rank
 from ballast.config import Strategy, parse_config
 from ballast.model import ClusterSnapshot, LoadReport, TopicLoad
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.cli import emit, parse_args
 
 
 def build(brokers: int, topics: int, seed: int) -> ClusterSnapshot:
@@ -46,7 +52,7 @@ def main() -> None:
     ap.add_argument("--brokers", type=int, default=1000)
     ap.add_argument("--topics", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
-    args = ap.parse_args()
+    args = parse_args(ap, quick={"brokers": 50, "topics": 20_000, "repeat": 1})
     t0 = time.perf_counter()
     snap = build(args.brokers, args.topics, 1)
     build_s = time.perf_counter() - t0
@@ -62,18 +68,16 @@ def main() -> None:
             d = decide_rebalance(snap, MoveHistory(), 10_000.0, cfg, strategy)
             best = min(best, time.perf_counter() - t)
         results[strategy.value] = {"seconds": round(best, 4), "decision": d.rule}
-    print(
-        json.dumps(
-            {
-                "benchmark": "core_rankings_plus_decision",
-                "brokers": args.brokers,
-                "topics": args.topics,
-                "snapshot_build_seconds": round(build_s, 2),
-                "seconds": max(r["seconds"] for r in results.values()),
-                "by_strategy": results,
-                "target_seconds": 1.0,
-            }
-        )
+    emit(
+        {
+            "benchmark": "core_rankings_plus_decision",
+            "brokers": args.brokers,
+            "topics": args.topics,
+            "snapshot_build_seconds": round(build_s, 2),
+            "seconds": max(r["seconds"] for r in results.values()),
+            "by_strategy": results,
+            "target_seconds": 1.0,
+        }
     )
 
 

@@ -12,14 +12,13 @@ of the direct msg/s only if it adds at most a third of what a message costs dire
 (client + broker, `cpu_us_per_msg` of the `direct` run in `bench_moves.py`). This server's
 cost per call is the least any Python gRPC front end adds per message.
 
-    .venv/bin/python benchmarks/bench_grpc_floor.py [--duration 5] [--callers 8]
+    .venv/bin/python benchmarks/bench_grpc_floor.py [--duration 5] [--callers 8] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
@@ -31,6 +30,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_failover import cpu_seconds
+from benchmarks.cli import emit, parse_args
 
 _METHOD = "/floor.Echo/Call"
 
@@ -103,11 +103,11 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of calls")
     parser.add_argument("--callers", type=int, default=8, help="concurrent callers")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, quick={"duration": 1.0})
     if args.serve:
         asyncio.run(_serve())
         return
-    print(json.dumps(asyncio.run(_measure(args.duration, args.callers))))
+    emit(asyncio.run(_measure(args.duration, args.callers)))
 
 
 if __name__ == "__main__":

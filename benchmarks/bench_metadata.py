@@ -5,14 +5,13 @@ tasks, and watch latency (put → event delivered, p50/p99). etcd is a throw-awa
 member started by `tests/etcd_fixtures.EtcdServer` (``--unsafe-no-fsync``, so the figures
 show client and server overhead, not disk). Prints one JSON document.
 
-    .venv/bin/python benchmarks/bench_metadata.py [--quick]
+    .venv/bin/python benchmarks/bench_metadata.py [--scale 1.0] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import platform
 import statistics
 import sys
@@ -21,11 +20,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from etcd_fixtures import EtcdServer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ballast.metadata import EtcdStore, MemoryStore
+from benchmarks.cli import emit, parse_args
+from tests.etcd_fixtures import EtcdServer
 
 CONCURRENCY = 64
 Store = MemoryStore | EtcdStore
@@ -102,9 +101,9 @@ async def bench(store: Store, count: int, samples: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer operations (smoke run)")
-    args = parser.parse_args()
-    scale = 0.1 if args.quick else 1.0
+    parser.add_argument("--scale", type=float, default=1.0, help="share of the operations")
+    args = parse_args(parser, quick={"scale": 0.1})
+    scale = args.scale
 
     started = time.perf_counter()
     results: dict[str, Any] = {
@@ -117,7 +116,7 @@ def main() -> None:
             bench(EtcdStore(server.client_url), int(2_000 * scale), int(500 * scale))
         )
     results["elapsed_s"] = round(time.perf_counter() - started, 1)
-    print(json.dumps(results, indent=2))
+    emit(results)
 
 
 if __name__ == "__main__":

@@ -7,14 +7,17 @@ on the local engine and on Spark `local[2]`, replica moves, the lower bound, wha
 `--generate`-style round robin would move, leader changes, balance after.
 
     python benchmarks/bench_replicas.py [--partitions N] [--brokers B] [--racks R]
-                                        [--add A] [--no-spark]
+                                        [--add A] [--no-spark] [--quick]
+
+`--quick` plans 3 000 partitions on 30 brokers, on Spark too (`local[2]`, driver 1 GB).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -25,6 +28,9 @@ from ballast.balance.kafka.replicas import (
     make_layout,
     plan_replicas,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.cli import emit, parse_args
 
 SIZES = (1000, 500, 200, 100, 50, 24, 12, 6, 3, 1)
 
@@ -93,7 +99,15 @@ def main() -> None:
     parser.add_argument("--add", type=int, default=50)
     parser.add_argument("--rf", type=int, default=3)
     parser.add_argument("--no-spark", action="store_true", help="only the local engine")
-    args = parser.parse_args()
+    parser.add_argument("--driver-memory", default="2g", help="the Spark driver's heap")
+    parser.add_argument("--shuffle-partitions", type=int, default=8)
+    args = parse_args(
+        parser,
+        quick={
+            "partitions": 3000, "brokers": 30, "racks": 3, "add": 3,
+            "driver_memory": "1g", "shuffle_partitions": 2,
+        },
+    )  # fmt: skip
     brokers, added, topics = cluster(args.partitions, args.brokers, args.racks, args.add, args.rf)
     layout = make_layout(brokers, add=added, rack_aware=True, max_rf=args.rf)
     started, cpu = time.perf_counter(), time.process_time()
@@ -113,7 +127,12 @@ def main() -> None:
         from ballast.pipeline.replicas import plan_replicas_spark
         from ballast.pipeline.session import build_session
 
-        spark = build_session("local[2]", app_name="bench-replicas", shuffle_partitions=8)
+        spark = build_session(
+            "local[2]",
+            app_name="bench-replicas",
+            driver_memory=args.driver_memory,
+            shuffle_partitions=args.shuffle_partitions,
+        )
         try:
             started = time.perf_counter()
             on_spark = plan_replicas_spark(spark, topics, layout)
@@ -121,7 +140,7 @@ def main() -> None:
             result["spark_equals_local"] = on_spark == plan
         finally:
             spark.stop()
-    print(json.dumps(result, indent=2))
+    emit(result)
 
 
 if __name__ == "__main__":

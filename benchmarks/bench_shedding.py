@@ -9,16 +9,17 @@
 Load is skewed (log-normal per bundle; a tenth of the brokers run hot) so that brokers do
 shed. Prints one JSON document.
 
-    .venv/bin/python benchmarks/bench_shedding.py [--brokers 1000] [--bundles 100000]
+    .venv/bin/python benchmarks/bench_shedding.py [--brokers 1000] [--bundles 100000] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,9 @@ from ballast.balance.pulsar.shedders import (
 )
 from ballast.config import PulsarConfig, RebalancingConfig, RebalancingPolicy, Strategy
 from ballast.model import ClusterSnapshot, LoadReport, TopicLoad
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.cli import emit, parse_args
 
 MB = 1024 * 1024
 
@@ -81,7 +85,7 @@ def main() -> None:
     ap.add_argument("--bundles", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1)
-    args = ap.parse_args()
+    args = parse_args(ap, quick={"brokers": 50, "bundles": 5_000, "repeat": 2})
     t0 = time.perf_counter()
     inp, snap = cluster(args.brokers, args.bundles, args.seed)
     build_s = time.perf_counter() - t0
@@ -107,18 +111,15 @@ def main() -> None:
         max(1, args.repeat // 2),
     )
     stats["moves"] = len(decision.moves)
-    print(
-        json.dumps(
-            {
-                "benchmark": "shedding decision",
-                "brokers": args.brokers,
-                "bundles": args.bundles,
-                "input_build_seconds": round(build_s, 3),
-                "core": results,
-                "from_snapshot_threshold": stats,
-            },
-            indent=2,
-        )
+    emit(
+        {
+            "benchmark": "shedding decision",
+            "brokers": args.brokers,
+            "bundles": args.bundles,
+            "input_build_seconds": round(build_s, 3),
+            "core": results,
+            "from_snapshot_threshold": stats,
+        }
     )
 
 
