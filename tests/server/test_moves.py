@@ -95,7 +95,8 @@ async def test_lookup_at_a_non_owner_redirects_and_a_pinned_producer_recovers(
 async def test_unload_anchor_consumer_gets_exactly_the_unacked_and_the_new(
     cluster: DataCluster,
 ) -> None:
-    """Danube's anchor: produce 0-9, ack 0-4, unload, produce 8 more: 5..17 arrive."""
+    """Danube's anchor: produce 0-9, ack 0-4, unload, produce 8 more once the topic has
+    moved: 5..17 arrive, in order, each once."""
     await cluster.start_broker("b2")
     client = await new_client(cluster.brokers["b1"].url)
     producer = await reliable_producer(client, "/default/anchor")
@@ -108,20 +109,62 @@ async def test_unload_anchor_consumer_gets_exactly_the_unacked_and_the_new(
     for m in first[:5]:
         await consumer.ack(m)
     source = cluster.owner("/default/anchor")
+    assert source is not None
     reader = asyncio.create_task(receive_and_ack(consumer, queue, 13))
     await AdminClient(cluster.store).unload_topic("/default/anchor")
+    # The move is done (the old owner sealed, the new one serves) before 10.. are sent; a
+    # send racing the seal is the next test's case.
+    target = await cluster.wait_moved("/default/anchor", source)
     for i in range(10, 18):
         await producer.send(f"m{i}".encode())
     after = await asyncio.wait_for(reader, 30)
     assert [m.msg_id.topic_offset for m in after] == list(range(5, 18))
     assert [m.payload for m in after] == [f"m{i}".encode() for i in range(5, 18)]
-    assert source is not None
-    target = await cluster.wait_moved("/default/anchor", source)
     # The new owner continued after the seal: 5..9 came from object storage, 10.. its WAL.
     opened = target.host.topics["/default/anchor"].storage.opened  # type: ignore[attr-defined]
     assert (opened.next_offset, opened.source.value) == (10, "sealed")
     await asyncio.sleep(0.5)
     assert queue.empty()  # and nothing more: each of 5..17 exactly once
+    await consumer.close()
+    await producer.close()
+
+
+@pytest.mark.parametrize("acked_before_the_seal", [True, False])
+async def test_a_message_the_old_owner_delivered_just_before_the_move(
+    cluster: DataCluster, acked_before_the_seal: bool
+) -> None:
+    """The interleaving of a send racing the unload: the old owner takes message 10 and
+    delivers it before it seals, while 5..9 are still unacked. The consumer sees 10 first;
+    after the move the new owner delivers again, in offset order, what was unacked at the
+    seal — 5..9, and 10 too unless its ack reached the old owner first — then 11.."""
+    topic = "/default/anchor-race"
+    await cluster.start_broker("b2")
+    client = await new_client(cluster.brokers["b1"].url)
+    producer = await reliable_producer(client, topic)
+    consumer = await exclusive_consumer(client, topic)
+    queue = await consumer.receive()
+    for i in range(11):
+        await producer.send(f"m{i}".encode())
+    first = [await asyncio.wait_for(queue.get(), 10) for _ in range(11)]
+    assert [m.msg_id.topic_offset for m in first] == list(range(11))
+    for m in first[:5]:
+        await consumer.ack(m)
+    if acked_before_the_seal:
+        await consumer.ack(first[10])  # answered by the old owner: kept with its seal
+    source = cluster.owner(topic)
+    assert source is not None
+    redelivered = [*range(5, 10), *([] if acked_before_the_seal else [10])]
+    reader = asyncio.create_task(receive_and_ack(consumer, queue, len(redelivered) + 7))
+    await AdminClient(cluster.store).unload_topic(topic)
+    target = await cluster.wait_moved(topic, source)
+    for i in range(11, 18):
+        await producer.send(f"m{i}".encode())
+    after = await asyncio.wait_for(reader, 30)
+    assert [m.msg_id.topic_offset for m in after] == [*redelivered, *range(11, 18)]
+    opened = target.host.topics[topic].storage.opened  # type: ignore[attr-defined]
+    assert (opened.next_offset, opened.source.value) == (11, "sealed")
+    await asyncio.sleep(0.5)
+    assert queue.empty()
     await consumer.close()
     await producer.close()
 
