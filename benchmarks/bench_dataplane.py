@@ -25,7 +25,7 @@
 Client and brokers share the machine. Prints one JSON document.
 
     .venv/bin/python benchmarks/bench_dataplane.py [--duration 3] [--moves 20] [--only-schemas]
-        [--only-ack-modes]
+        [--only-ack-modes] [--quick]
     .venv/bin/python benchmarks/bench_dataplane.py --slow-consumer [--duration 20]
 """
 
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -41,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ballast.cluster import AdminClient
 from ballast.metadata import keys
 from ballast.metadata.etcd import EtcdStore
+from benchmarks.cli import emit, parse_args
+from benchmarks.processes import tail
 from tests.etcd_fixtures import EtcdServer, free_port
 
 PAYLOAD = b"x" * 1024
@@ -113,24 +117,33 @@ async def run_noop_server(port: int) -> None:
 
 
 class Procs:
-    """Child processes of the benchmark (terminated at the end)."""
+    """Child processes of the benchmark (terminated at the end); each one's stderr is a
+    file in `logs`, whose tail a child that exits before it starts fails with."""
 
-    def __init__(self) -> None:
+    def __init__(self, logs: Path) -> None:
         self.procs: list[asyncio.subprocess.Process] = []
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.logs = logs
+        logs.mkdir(parents=True, exist_ok=True)
 
     async def start(self, args: list[str], ready: str) -> asyncio.subprocess.Process:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, *args, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL, env=self.env,
-        )  # fmt: skip
+        log = self.logs / f"{len(self.procs)}-{ready.split()[-1].lower()}.log"
+        with log.open("ab") as stderr:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=stderr,
+                env=self.env,
+            )  # fmt: skip
         self.procs.append(proc)
         assert proc.stdout is not None
         async with asyncio.timeout(60):
             while True:
                 line = await proc.stdout.readline()
                 if not line:
-                    raise RuntimeError(f"{args} exited before starting")
+                    await proc.wait()
+                    raise RuntimeError(
+                        f"{args} exited before starting (exit code {proc.returncode}); "
+                        f"its stderr ({log}) ends:\n{tail(log)}"
+                    )
                 if line.decode().strip().startswith(ready):
                     return proc
 
@@ -144,6 +157,19 @@ class Procs:
                     await proc.wait()
             except TimeoutError:
                 proc.kill()
+                await proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def etcd_for(procs: Procs) -> AsyncIterator[EtcdServer]:
+    """An etcd whose brokers (every child in `procs`) are stopped before it: a broker leaves
+    gracefully through its etcd, and with the etcd gone first each one used up `close`'s
+    20 s before it was killed."""
+    with EtcdServer() as server:
+        try:
+            yield server
+        finally:
+            await procs.close()
 
 
 def write_config(path: Path, storage: dict[str, Any], **sections: Any) -> Path:
@@ -212,7 +238,7 @@ async def throughput(url: str, topic: str, producers: int, reliable: bool, durat
                 count += 1
 
     tasks = [asyncio.create_task(run(p)) for p in made]
-    await asyncio.sleep(0.5)  # warm-up
+    await asyncio.sleep(min(0.5, duration))  # warm-up
     measuring = True
     began = time.perf_counter()
     await asyncio.sleep(duration)
@@ -598,8 +624,8 @@ async def slow_consumer_run(url: str, pid: int, topic: str, idle: bool, duration
 
 async def slow_consumer(args: argparse.Namespace) -> dict[str, Any]:
     budget = 16 * 1024 * 1024
-    procs = Procs()
     tmp = Path(tempfile.mkdtemp(prefix="bench-slow-"))
+    procs = Procs(tmp / "logs")
     config = write_config(
         tmp / "broker.yaml",
         {"data_dir": str(tmp / "data")},
@@ -608,17 +634,16 @@ async def slow_consumer(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"payload_bytes": len(PAYLOAD), "duration_s": args.duration,
                            "subscription_buffer_bytes": budget}  # fmt: skip
     try:
-        with EtcdServer() as server:
-            async with EtcdStore(server.client_url) as store:
-                proc = await start_broker(procs, server.client_url, config, "slow-1")
-                url = await broker_url(store, "slow-1")
-                out["rss_start_mib"] = round(rss_bytes(proc.pid) / 2**20, 1)
-                out["without_idle_subscription"] = await slow_consumer_run(
-                    url, proc.pid, "/default/slow-a", False, args.duration
-                )
-                out["with_idle_subscription"] = await slow_consumer_run(
-                    url, proc.pid, "/default/slow-b", True, args.duration
-                )
+        async with etcd_for(procs) as server, EtcdStore(server.client_url) as store:
+            proc = await start_broker(procs, server.client_url, config, "slow-1")
+            url = await broker_url(store, "slow-1")
+            out["rss_start_mib"] = round(rss_bytes(proc.pid) / 2**20, 1)
+            out["without_idle_subscription"] = await slow_consumer_run(
+                url, proc.pid, "/default/slow-a", False, args.duration
+            )
+            out["with_idle_subscription"] = await slow_consumer_run(
+                url, proc.pid, "/default/slow-b", True, args.duration
+            )
     finally:
         await procs.close()
     without = out["without_idle_subscription"]["received_msg_per_s"]
@@ -634,8 +659,8 @@ async def slow_consumer(args: argparse.Namespace) -> dict[str, Any]:
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"payload_bytes": len(PAYLOAD), "duration_s": args.duration}
-    procs = Procs()
     tmp = Path(tempfile.mkdtemp(prefix="bench-dataplane-"))
+    procs = Procs(tmp / "logs")
     config = write_config(tmp / "broker.yaml", {"data_dir": str(tmp / "data")})
     try:
         if args.only_ack_modes:
@@ -649,30 +674,33 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             str(n): (await throughput(noop, "/default/noop", n, False, args.duration))["msg_per_s"]
             for n in (COUNTS if not args.only_schemas else (32,))
         }
-        with EtcdServer() as server:
-            async with EtcdStore(server.client_url) as store:
-                await start_broker(procs, server.client_url, config, "bench-1")
-                url = await broker_url(store, "bench-1")
-                out["schema_validation_32_producers"] = await schema_cost(url, args.duration)
-                if not args.only_schemas:
-                    for reliable in (False, True):
-                        key = "reliable" if reliable else "non_reliable"
-                        out[key] = {}
-                        for n in COUNTS:
-                            topic = f"/default/bench-{key.replace('_', '-')}-{n}"
-                            out[key][str(n)] = await throughput(
-                                url, topic, n, reliable, args.duration
-                            )
-                    out["end_to_end"] = {
-                        key: await end_to_end(
-                            url, f"/default/e2e-{key.replace('_', '-')}", key == "reliable", 200, 3
-                        )
-                        for key in ("non_reliable", "reliable")
-                    }
-                    out["ack_modes"] = await ack_modes(procs, tmp, args.duration)
-                    if args.moves:
-                        await start_broker(procs, server.client_url, config, "bench-2")
-                        out["moves"] = await moves(store, url, args.moves)
+        async with etcd_for(procs) as server, EtcdStore(server.client_url) as store:
+            await start_broker(procs, server.client_url, config, "bench-1")
+            url = await broker_url(store, "bench-1")
+            out["schema_validation_32_producers"] = await schema_cost(
+                url, args.duration, args.schema_rounds
+            )
+            if not args.only_schemas:
+                for reliable in (False, True):
+                    key = "reliable" if reliable else "non_reliable"
+                    out[key] = {}
+                    for n in COUNTS:
+                        topic = f"/default/bench-{key.replace('_', '-')}-{n}"
+                        out[key][str(n)] = await throughput(url, topic, n, reliable, args.duration)
+                out["end_to_end"] = {
+                    key: await end_to_end(
+                        url,
+                        f"/default/e2e-{key.replace('_', '-')}",
+                        key == "reliable",
+                        200,
+                        args.e2e_seconds,
+                    )
+                    for key in ("non_reliable", "reliable")
+                }
+                out["ack_modes"] = await ack_modes(procs, tmp, args.duration)
+                if args.moves:
+                    await start_broker(procs, server.client_url, config, "bench-2")
+                    out["moves"] = await moves(store, url, args.moves)
     finally:
         await procs.close()
     out["load_average"] = [round(x, 1) for x in os.getloadavg()]  # a shared machine
@@ -690,6 +718,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
     parser.add_argument("--moves", type=int, default=20, help="moves of a live topic (0: skip)")
+    parser.add_argument("--schema-rounds", type=int, default=4, help="rounds of each side")
+    parser.add_argument(
+        "--e2e-seconds", type=float, default=3.0, help="end-to-end stream (at 200 msg/s)"
+    )
     parser.add_argument(
         "--only-schemas",
         action="store_true",
@@ -706,14 +738,16 @@ def main() -> None:
         help="only the slow-consumer run: broker memory and the other subscription's rate",
     )
     parser.add_argument("--noop-server", type=int, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(
+        parser, quick={"duration": 0.2, "moves": 1, "schema_rounds": 1, "e2e_seconds": 0.3}
+    )
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("danube").setLevel(logging.CRITICAL)
     if args.noop_server is not None:
         asyncio.run(run_noop_server(args.noop_server))
         return
     run = slow_consumer if args.slow_consumer else main_async
-    print(json.dumps(asyncio.run(run(args)), indent=2))
+    emit(asyncio.run(run(args)))
 
 
 if __name__ == "__main__":
