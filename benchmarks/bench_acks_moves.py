@@ -17,14 +17,13 @@ and acks the rest at once. The topic moves `--moves` times (admin unload, every
 
 Prints one JSON object; the default run takes about 40 s.
 
-    .venv/bin/python benchmarks/bench_acks_moves.py [--moves 10] [--rate 100]
+    .venv/bin/python benchmarks/bench_acks_moves.py [--moves 10] [--rate 100] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import sys
@@ -36,6 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ballast.cluster import AdminClient
 from ballast.metadata.etcd import EtcdStore
+from benchmarks.cli import emit, parse_args
 from tests.etcd_fixtures import EtcdServer
 from tests.server.helpers import (
     DataCluster,
@@ -173,8 +173,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0, help="msg/s")
     parser.add_argument("--hold-every", type=int, default=10, help="hold every n-th ack")
     parser.add_argument("--hold", type=float, default=2.0, help="seconds an ack is held")
-    args = parser.parse_args()
-    print(json.dumps(asyncio.run(main_async(args)), indent=2))
+    args = parse_args(parser, quick={"moves": 2, "interval": 1.0, "rate": 50.0, "hold": 0.5})
+    emit(asyncio.run(main_async(args)))
 
 
 if __name__ == "__main__":

@@ -22,14 +22,13 @@ flowing ≤ 0.5 s after reassignment, ≤ 5 duplicates per 1 000, 0 lost, gatewa
 Everything runs on this machine (etcd, broker and gateway processes, the clients in this
 process). Prints one JSON object; the default run takes about two minutes.
 
-    .venv/bin/python benchmarks/bench_moves.py [--moves 20] [--kills 3] [--ttl 5]
+    .venv/bin/python benchmarks/bench_moves.py [--moves 20] [--kills 3] [--ttl 5] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import sys
@@ -46,8 +45,10 @@ from ballast.metadata.etcd import EtcdStore
 from ballast.model import TopicName
 from ballast.server.directory import Directory
 from benchmarks.bench_failover import overhead, pct, spread
+from benchmarks.cli import emit, parse_args
+from benchmarks.processes import Processes
 from tests.etcd_fixtures import EtcdServer
-from tests.server.procs import Processes, write_config
+from tests.server.procs import write_config
 
 
 async def _until(check: Any, timeout: float, what: str) -> None:
@@ -69,7 +70,7 @@ async def moves_and_kills(
         broker={"registration_ttl_seconds": args.ttl, "leader_ttl_seconds": args.ttl},
         gateway={"lookup_wait_seconds": args.ttl + 30},
     )
-    procs = Processes(etcd_url, config, store)
+    procs = Processes(etcd_url, config, store, work / "logs-moves")
     admin = AdminClient(store)
     names = [f"/default/mv-{i}" for i in range(args.topics)]
     traffic: LiveTraffic | None = None
@@ -238,8 +239,14 @@ def main() -> None:
     parser.add_argument(
         "--only-overhead", action="store_true", help="skip the moves and kills (about 30 s)"
     )
-    args = parser.parse_args()
-    print(json.dumps(asyncio.run(main_async(args)), indent=2))
+    args = parse_args(
+        parser,
+        quick={
+            "topics": 2, "rate": 20.0, "moves": 2, "unloads": 1, "kills": 1, "ttl": 2.0,
+            "duration": 0.5, "rounds": 1,
+        },
+    )  # fmt: skip
+    emit(asyncio.run(main_async(args)))
 
 
 if __name__ == "__main__":

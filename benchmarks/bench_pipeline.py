@@ -3,6 +3,7 @@ baseline doing the same aggregations on the same files. Prints JSON.
 
     python benchmarks/bench_pipeline.py                 # 1M, 10M and 30M topic rows
     python benchmarks/bench_pipeline.py --sizes 1M,10M  # a subset
+    python benchmarks/bench_pipeline.py --sizes 50k --no-spark  # what --quick runs
 
 For each size: generate a history (2000 topics, 10 brokers, 30 s reports; the hours
 follow from the size), then on local[2]:
@@ -18,6 +19,13 @@ follow from the size), then on local[2]:
   no validation, quarantine, deduplication, plan or report, so the ratio flatters pandas;
 - Spark's peak driver memory: the peak RSS of the driver JVM (in local mode the driver is
   all of Spark), so far in the run (sizes run in increasing order).
+
+`--quick` (the test suite's run) generates the smallest history (50k: a quarter of an hour,
+~56k topic rows) and runs the pandas baseline on it WITHOUT Spark (`--no-spark`): each
+size's Spark fields are left out, `spark_session_start_seconds` and `spark_master` are null.
+Spark on even that size took 80 s of wall time on the loaded 2-core test machine (its own
+JVM, ~15 s, then two `analyze` runs, ~45 s and ~17 s), far more than a quick run may; the
+Spark job itself is covered by `tests/pipeline/` on the suite's shared session.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import shutil
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -48,9 +57,13 @@ from ballast.pipeline.job import AnalyzeOptions, run_analysis
 from ballast.pipeline.session import build_session
 from ballast.pipeline.transforms import add_usage_ewma
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.cli import emit, parse_args
+
 TOPICS, BROKERS, INTERVAL = 2000, 10, 30.0
 WINDOW = 300.0
-SIZES = {"1M": 1_000_000, "10M": 10_000_000, "30M": 30_000_000}
+# 50k: the smallest history the generator makes here (a quarter of an hour, ~55k rows).
+SIZES = {"50k": 50_000, "1M": 1_000_000, "10M": 10_000_000, "30M": 30_000_000}
 
 
 def _hours_for(rows: int) -> float:
@@ -258,11 +271,51 @@ def _driver_peak_mb(spark: SparkSession) -> int | None:
     return peak
 
 
+def spark_run(
+    spark: SparkSession, history: str, out: str, topic_rows: int
+) -> tuple[dict[str, Any], float, float]:
+    """Spark's figures for one history: the first `analyze` (compaction included), then a
+    second one (the analysis from the columnar tables alone); with both runs' seconds."""
+    t0 = time.perf_counter()
+    result = run_analysis(spark, AnalyzeOptions(history=history, out=out, window_seconds=WINDOW))
+    first_seconds = time.perf_counter() - t0
+    compact_seconds = result.timings["compact"]
+    t0 = time.perf_counter()
+    again = run_analysis(spark, AnalyzeOptions(history=history, out=out, window_seconds=WINDOW))
+    analysis_seconds = time.perf_counter() - t0
+    columnar_bytes = sum(
+        os.path.getsize(os.path.join(d, f))
+        for d, _, names in os.walk(os.path.join(history, "_columnar"))
+        for f in names
+    )
+    fields: dict[str, Any] = {
+        "columnar_bytes": columnar_bytes,
+        "first_run_seconds": round(first_seconds, 2),
+        "first_run_rows_per_second": round(topic_rows / first_seconds),
+        "compaction_seconds": compact_seconds,
+        "compaction_rows_per_second": round(topic_rows / compact_seconds),
+        "analysis_seconds": round(analysis_seconds, 2),
+        "analysis_rows_per_second": round(topic_rows / analysis_seconds),
+        "first_run_stage_seconds": result.timings,
+        "analysis_stage_seconds": again.timings,
+        "compacted_hours": result.compacted_hours,
+        "recompacted_hours_on_second_run": again.compacted_hours,
+        "spark_driver_peak_rss_mb": _driver_peak_mb(spark),
+        "topic_windows": len(
+            pd.read_parquet(os.path.join(out, "topic_windows"), columns=["topic"])
+        ),
+        "plan_moves": len(result.plan["plan"]["moves"]),
+    }
+    return fields, first_seconds, analysis_seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sizes", default="1M,10M,30M", help="comma-separated: 1M, 10M, 30M")
+    parser.add_argument(
+        "--sizes", default="1M,10M,30M", help=f"comma-separated: {', '.join(SIZES)}"
+    )
     parser.add_argument(
         "--driver-memory",
         default="1g",
@@ -270,15 +323,22 @@ def main() -> None:
     )
     parser.add_argument("--workdir", default=None, help="where to generate (default: a temp dir)")
     parser.add_argument("--no-pandas", action="store_true", help="skip the pandas baseline")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--no-spark", action="store_true", help="skip Spark: generate and the pandas baseline"
+    )
+    args = parse_args(parser, quick={"sizes": "50k", "no_spark": True})
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
         parser.error(f"unknown size(s) {unknown}: choose from {', '.join(SIZES)}")
     workdir = args.workdir or tempfile.mkdtemp(prefix="ballast-bench-")
     started = time.perf_counter()
-    spark = build_session("local[2]", app_name="ballast-bench", driver_memory=args.driver_memory)
-    session_seconds = round(time.perf_counter() - started, 2)
+    spark = None
+    if not args.no_spark:
+        spark = build_session(
+            "local[2]", app_name="ballast-bench", driver_memory=args.driver_memory
+        )
+    session_seconds = round(time.perf_counter() - started, 2) if spark is not None else None
     results = []
     try:
         for size in sizes:
@@ -297,53 +357,25 @@ def main() -> None:
                 history,
             )
             gen_seconds = time.perf_counter() - t0
-            size_bytes = sum(os.path.getsize(f) for f in gen.files)
-            t0 = time.perf_counter()
-            result = run_analysis(
-                spark, AnalyzeOptions(history=history, out=out, window_seconds=WINDOW)
-            )
-            first_seconds = time.perf_counter() - t0
-            compact_seconds = result.timings["compact"]
-            t0 = time.perf_counter()
-            again = run_analysis(
-                spark, AnalyzeOptions(history=history, out=out, window_seconds=WINDOW)
-            )
-            analysis_seconds = time.perf_counter() - t0
-            columnar_bytes = sum(
-                os.path.getsize(os.path.join(d, f))
-                for d, _, names in os.walk(os.path.join(history, "_columnar"))
-                for f in names
-            )
             entry: dict[str, Any] = {
                 "size": size,
                 "topic_rows": gen.topic_rows,
                 "reports": gen.reports,
-                "history_bytes": size_bytes,
-                "columnar_bytes": columnar_bytes,
+                "history_bytes": sum(os.path.getsize(f) for f in gen.files),
                 "generate_seconds": round(gen_seconds, 2),
-                "first_run_seconds": round(first_seconds, 2),
-                "first_run_rows_per_second": round(gen.topic_rows / first_seconds),
-                "compaction_seconds": compact_seconds,
-                "compaction_rows_per_second": round(gen.topic_rows / compact_seconds),
-                "analysis_seconds": round(analysis_seconds, 2),
-                "analysis_rows_per_second": round(gen.topic_rows / analysis_seconds),
-                "first_run_stage_seconds": result.timings,
-                "analysis_stage_seconds": again.timings,
-                "compacted_hours": result.compacted_hours,
-                "recompacted_hours_on_second_run": again.compacted_hours,
-                "spark_driver_peak_rss_mb": _driver_peak_mb(spark),
-                "topic_windows": None,
-                "plan_moves": len(result.plan["plan"]["moves"]),
             }
-            entry["topic_windows"] = len(
-                pd.read_parquet(os.path.join(out, "topic_windows"), columns=["topic"])
-            )
+            if spark is not None:
+                fields, first_seconds, analysis_seconds = spark_run(
+                    spark, history, out, gen.topic_rows
+                )
+                entry.update(fields)
             if not args.no_pandas:
                 gc.collect()
                 baseline = _forked(list(gen.files))
                 entry["pandas"] = baseline
                 if "seconds" in baseline:
                     entry["pandas_rows_per_second"] = round(gen.topic_rows / baseline["seconds"])
+                if "seconds" in baseline and spark is not None:
                     # > 1: Spark's whole first run (compaction included) is faster.
                     entry["pandas_over_spark_first_run"] = round(
                         baseline["seconds"] / first_seconds, 2
@@ -357,23 +389,21 @@ def main() -> None:
             shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(history, ignore_errors=True)
     finally:
-        spark.stop()
+        if spark is not None:
+            spark.stop()
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    print(
-        json.dumps(
-            {
-                "benchmark": "pipeline",
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "spark_master": "local[2]",
-                    "driver_memory": args.driver_memory,
-                },
-                "spark_session_start_seconds": session_seconds,
-                "results": results,
+    emit(
+        {
+            "benchmark": "pipeline",
+            "machine": {
+                "cpus": os.cpu_count(),
+                "spark_master": "local[2]" if spark is not None else None,
+                "driver_memory": args.driver_memory,
             },
-            indent=2,
-        )
+            "spark_session_start_seconds": session_seconds,
+            "results": results,
+        }
     )
 
 
