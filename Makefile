@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all demo test lint format unit bench faults clean sysdeps screenshots
+.PHONY: all demo test lint format unit bench faults clean sysdeps screenshots stress-test
 
 # System packages the tests drive for real: headless Chromium (the console's browser tests)
 # and Prometheus (the dashboard's series check). Installed only when missing (needs root).
@@ -48,6 +48,13 @@ unit: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 test: lint unit
+
+# The whole suite STRESS_RUNS times (default 5) on two workers beside a CPU hog: a test
+# that races instead of waiting on its event fails here before it fails in CI. JSON on
+# stdout (every test that failed in any run), progress on stderr, logs in stress-logs/.
+STRESS_RUNS ?= 5
+stress-test: $(STAMP) sysdeps
+	@$(BIN)/python -m tests.stress --runs $(STRESS_RUNS)
 
 # Every fault-injection case RUNS times (default 10); JSON on stdout, progress on stderr.
 RUNS ?= 10
