@@ -173,7 +173,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0, help="msg/s")
     parser.add_argument("--hold-every", type=int, default=10, help="hold every n-th ack")
     parser.add_argument("--hold", type=float, default=2.0, help="seconds an ack is held")
-    args = parse_args(parser, quick={"moves": 2, "interval": 1.0, "rate": 50.0, "hold": 0.5})
+    args = parse_args(parser, quick={"moves": 1, "interval": 1.0, "rate": 50.0, "hold": 0.5})
     emit(asyncio.run(main_async(args)))
 
 

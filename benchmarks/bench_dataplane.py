@@ -1,8 +1,8 @@
 """Data-plane benchmark: the real `danube-client` against real broker processes over loopback.
 
-- throughput: 1, 8 and 32 concurrent producers (one `Producer` each, sequential sends,
-  1 KiB payloads) to one topic, non-reliable and reliable (fsync per batch), on one
-  broker process; messages/s and produce latency p50/p99;
+- throughput: 1, 8 and 32 concurrent producers (`--producers`; one `Producer` each,
+  sequential sends, 1 KiB payloads) to one topic, non-reliable and reliable (fsync per
+  batch), on one broker process; messages/s and produce latency p50/p99;
 - ceiling: the same client against a gRPC server (its own process) that answers
   SendMessage without doing anything;
 - end-to-end latency: one producer at a steady rate, one consumer, p50/p99 from send to
@@ -10,7 +10,7 @@
 - schema validation: 32 producers of ~1 KiB JSON documents to a non-reliable topic without
   a schema and to one whose topic enforces a JSON Schema (every payload validated before
   it is published), measured alternately, side by side (goal: validation costs <= 15 %);
-- ack modes: reliable produce at 1, 8 and 32 producers with `storage.ack` durable and
+- ack modes: reliable produce at the same producer counts with `storage.ack` durable and
   local, the object store a local directory and moto's S3 server (its own process), one
   fresh broker per setting: messages/s, produce p50/p99 and object writes per second;
 - moves: a live reliable topic moved `--moves` times between two broker processes while a
@@ -22,7 +22,9 @@
   0.2 s) against its `subscription_buffer_bytes`, and the reading subscription's rate in
   both runs (goal: within 10 %).
 
-Client and brokers share the machine. Prints one JSON document.
+Client and brokers share the machine. Prints one JSON document. `--quick` (the test suite's
+run): every part but the slow consumer at 32 producers only, 0.2 s per measurement, one
+schema round, one move.
 
     .venv/bin/python benchmarks/bench_dataplane.py [--duration 3] [--moves 20] [--only-schemas]
         [--only-ack-modes] [--quick]
@@ -61,7 +63,7 @@ from benchmarks.processes import tail
 from tests.etcd_fixtures import EtcdServer, free_port
 
 PAYLOAD = b"x" * 1024
-COUNTS = (1, 8, 32)
+COUNTS = (1, 8, 32)  # concurrent producers (`--producers`); the goals compare at 32
 
 
 def pct(values: list[float], q: float) -> float:
@@ -516,7 +518,9 @@ def object_writes(metrics_url: str) -> float:
     return 0.0
 
 
-async def ack_modes(procs: Procs, tmp: Path, duration: float) -> dict[str, Any]:
+async def ack_modes(
+    procs: Procs, tmp: Path, duration: float, counts: tuple[int, ...] = COUNTS
+) -> dict[str, Any]:
     """Reliable produce with `storage.ack` durable and local, side by side, with the object
     store a local directory and moto's S3 server: one fresh broker (and etcd) per setting."""
     moto, endpoint = await start_moto()
@@ -546,7 +550,7 @@ async def ack_modes(procs: Procs, tmp: Path, duration: float) -> dict[str, Any]:
                     url = await broker_url(store, broker_id)
                     metrics = f"http://127.0.0.1:{metrics_port}/metrics"
                     results: dict[str, Any] = {}
-                    for n in COUNTS:
+                    for n in counts:
                         written = await asyncio.to_thread(object_writes, metrics)
                         began = time.perf_counter()
                         result = await throughput(
@@ -664,7 +668,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     config = write_config(tmp / "broker.yaml", {"data_dir": str(tmp / "data")})
     try:
         if args.only_ack_modes:
-            out["ack_modes"] = await ack_modes(procs, tmp, args.duration)
+            out["ack_modes"] = await ack_modes(procs, tmp, args.duration, args.producers)
             return out
         # The ceiling: the same client against a server that does nothing.
         port = free_port()
@@ -672,7 +676,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         noop = f"127.0.0.1:{port}"
         out["ceiling_msg_per_s"] = {
             str(n): (await throughput(noop, "/default/noop", n, False, args.duration))["msg_per_s"]
-            for n in (COUNTS if not args.only_schemas else (32,))
+            for n in (args.producers if not args.only_schemas else (32,))
         }
         async with etcd_for(procs) as server, EtcdStore(server.client_url) as store:
             await start_broker(procs, server.client_url, config, "bench-1")
@@ -684,7 +688,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 for reliable in (False, True):
                     key = "reliable" if reliable else "non_reliable"
                     out[key] = {}
-                    for n in COUNTS:
+                    for n in args.producers:
                         topic = f"/default/bench-{key.replace('_', '-')}-{n}"
                         out[key][str(n)] = await throughput(url, topic, n, reliable, args.duration)
                 out["end_to_end"] = {
@@ -697,7 +701,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     )
                     for key in ("non_reliable", "reliable")
                 }
-                out["ack_modes"] = await ack_modes(procs, tmp, args.duration)
+                out["ack_modes"] = await ack_modes(procs, tmp, args.duration, args.producers)
                 if args.moves:
                     await start_broker(procs, server.client_url, config, "bench-2")
                     out["moves"] = await moves(store, url, args.moves)
@@ -714,10 +718,24 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def counts(text: str) -> tuple[int, ...]:
+    """`--producers`: comma-separated counts, 32 among them (the goals compare at 32)."""
+    found = tuple(sorted({int(n) for n in text.split(",") if n.strip()}))
+    if 32 not in found or min(found) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: positive counts, 32 among them")
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
     parser.add_argument("--moves", type=int, default=20, help="moves of a live topic (0: skip)")
+    parser.add_argument(
+        "--producers",
+        type=counts,
+        default=COUNTS,
+        help="comma-separated producer counts of the throughput runs (32 among them)",
+    )
     parser.add_argument("--schema-rounds", type=int, default=4, help="rounds of each side")
     parser.add_argument(
         "--e2e-seconds", type=float, default=3.0, help="end-to-end stream (at 200 msg/s)"
@@ -739,8 +757,12 @@ def main() -> None:
     )
     parser.add_argument("--noop-server", type=int, default=None, help=argparse.SUPPRESS)
     args = parse_args(
-        parser, quick={"duration": 0.2, "moves": 1, "schema_rounds": 1, "e2e_seconds": 0.3}
-    )
+        parser,
+        quick={
+            "duration": 0.2, "producers": (32,), "moves": 1, "schema_rounds": 1,
+            "e2e_seconds": 0.3,
+        },
+    )  # fmt: skip
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("danube").setLevel(logging.CRITICAL)
     if args.noop_server is not None:

@@ -70,7 +70,13 @@ def spread(values: list[float]) -> dict[str, float]:
 
 
 async def failover(
-    store: EtcdStore, etcd_url: str, work: Path, topics: int, rate: float, ttl: float
+    store: EtcdStore,
+    etcd_url: str,
+    work: Path,
+    topics: int,
+    rate: float,
+    ttl: float,
+    flowing: float = 3.0,
 ) -> dict[str, Any]:
     config = write_config(
         work / "failover.yaml",
@@ -99,7 +105,7 @@ async def failover(
         gateway = await procs.start_gateway()
         traffic = LiveTraffic(gateway, names, rate=rate)
         await traffic.start()
-        await asyncio.sleep(3.0)
+        await asyncio.sleep(flowing)
         live = traffic
         assert all(t.delivered for t in live.topics.values()), "traffic did not start"
         killed = time.monotonic()
@@ -244,7 +250,8 @@ async def overhead(
                 "client": os.getpid(), "gateway": relay.proc.pid, "broker": broker
             }  # fmt: skip
         topic = "/default/overhead"
-        await throughput(urls["gateway"], topic, 1, 1.0)  # creates and places the topic; warm-up
+        # Creates and places the topic; warm-up.
+        await throughput(urls["gateway"], topic, 1, min(1.0, duration))
         runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in urls}
         for _ in range(rounds):
             for mode, url in urls.items():
@@ -309,7 +316,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 await store.delete_prefix(prefix)
             if args.only in ("", "failover"):
                 result["failover"] = await failover(
-                    store, server.client_url, work, args.topics, args.rate, args.ttl
+                    store, server.client_url, work, args.topics, args.rate, args.ttl, args.flowing
                 )
     result["loadavg_1m_after"] = os.getloadavg()[0]
     return result
@@ -320,14 +327,20 @@ def main() -> None:
     parser.add_argument("--topics", type=int, default=100)
     parser.add_argument("--rate", type=float, default=2.0, help="msg/s per topic")
     parser.add_argument("--ttl", type=float, default=5.0, help="registration TTL (s)")
+    parser.add_argument(
+        "--flowing", type=float, default=3.0, help="seconds of traffic before the kill"
+    )
     parser.add_argument("--producers", type=int, default=8)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=2, help="overhead runs per mode")
     parser.add_argument("--only", choices=("", "overhead", "failover"), default="")
     args = parse_args(
         parser,
-        quick={"topics": 4, "rate": 5.0, "ttl": 2.0, "producers": 2, "duration": 0.5, "rounds": 1},
-    )
+        quick={
+            "topics": 4, "rate": 5.0, "ttl": 2.0, "flowing": 1.0, "producers": 2,
+            "duration": 0.5, "rounds": 1,
+        },
+    )  # fmt: skip
     emit(asyncio.run(main_async(args)))
 
 

@@ -11,7 +11,7 @@ on the local engine and on Spark `local[2]`, replica moves, the lower bound, wha
 
 `--quick` (the test suite's run) plans 3 000 partitions on 30 brokers (3 racks, +3) on the
 local engine only (`--no-spark`: the `spark_local2` and `spark_equals_local` fields are
-left out). Spark even at that size took 60 s of wall time on the loaded 2-core test machine
+left out). Spark even at that size took 40-60 s of wall time on the loaded 2-core test machine
 (its own JVM, then the job), far more than a quick run may; the Spark planner is covered by
 `tests/pipeline/test_replicas_spark.py` on the suite's shared session.
 """
