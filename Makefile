@@ -65,8 +65,14 @@ faults: $(STAMP)
 screenshots: $(STAMP) sysdeps
 	BALLAST_CONSOLE_SCREENSHOTS=docs/console $(BIN)/python -m pytest -q tests/console/test_browser.py
 
+# Every benchmark at full size (some take minutes): JSON on stdout, names and wall times on
+# stderr. BENCH_ARGS=--quick runs them as tests/test_benchmarks.py does.
 bench: $(STAMP)
-	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	@for b in benchmarks/bench_*.py; do \
+		echo "== $$b $(BENCH_ARGS)" >&2; start=$$(date +%s); \
+		$(BIN)/python $$b $(BENCH_ARGS) || { echo "== $$b FAILED" >&2; exit 1; }; \
+		echo "== $$b: $$(($$(date +%s) - start)) s" >&2; \
+	done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
