@@ -39,7 +39,9 @@ from benchmarks.cli import emit, parse_args
 
 MB = 1_000_000
 BASE = StorageConfig(
-    upload_interval_seconds=3600,  # uploads only when a benchmark asks for them
+    # Every commit is uploaded at once all the same (a send is acknowledged from object
+    # storage): these only keep timed merges and the claim-less mover out of the way.
+    upload_interval_seconds=3600,
     upload_threshold_bytes=1 << 40,
     cache_messages=1024,
     fsync_interval_seconds=0.05,
