@@ -342,8 +342,9 @@ async def test_a_subscription_that_never_reads_costs_bounded_memory(
         got += 1
     registry = broker.host.counters.registry
     assert registry.get_sample_value("ballast_dataplane_subscription_dropped") == never.dropped
-    # The operator sees it in `topics describe`.
-    assert await broker.host.publish_pressure() >= 1
+    # The operator sees it in `topics describe` (published now, unless the owner's sweep
+    # has already published these very figures).
+    await broker.host.publish_pressure()
     describe = ["admin", "topics", "describe", topic, "--etcd", etcd_server.client_url]
     shown = await asyncio.to_thread(CliRunner().invoke, app, describe)
     assert shown.exit_code == 0, shown.output
