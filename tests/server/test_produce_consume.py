@@ -7,8 +7,11 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 import pytest
 
+from ballast.cluster import AdminClient
+from ballast.server.protocol import pb, pb_grpc
 from tests.server.helpers import DataCluster, DispatchStrategy, SubType, new_client, wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -254,3 +257,37 @@ async def test_load_report_carries_the_real_traffic(cluster: DataCluster) -> Non
     (load,) = [t for t in report.topics if t.topic == "/default/load"]
     assert (load.producers, load.consumers, load.subscriptions) == (1, 1, 1)
     assert load.backlog == 30
+
+
+async def test_a_topic_created_by_another_producer_meanwhile_is_no_partitioned_conflict(
+    cluster: DataCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two producers create a new topic at once: one saw no topic, then, looking for
+    partitions, finds the other one's plain topic — it is sent on (UNAVAILABLE: look up
+    again) like any producer of a topic served elsewhere, not refused ALREADY_EXISTS as
+    "a partitioned topic" (on which the client gives up)."""
+    b2 = await cluster.start_broker("b2")
+    topic = "/default/racing"
+    await AdminClient(cluster.store).create_topic(topic, hint=b2.broker_id)
+    assert await cluster.wait_served(topic) is b2
+    b1 = cluster.brokers["b1"]
+    directory = b1.host.directory
+    real_meta = directory.meta
+    missed: list[str] = []
+
+    async def meta_missing_the_concurrent_create(name: Any) -> Any:
+        if str(name) == topic and not missed:
+            missed.append(topic)
+            return None  # read before the other producer's create landed
+        return await real_meta(name)
+
+    monkeypatch.setattr(directory, "meta", meta_missing_the_concurrent_create)
+    request = pb.ProducerRequest(
+        request_id=1, producer_name="p", topic_name=topic, dispatch_strategy=pb.NonReliable
+    )
+    async with grpc.aio.insecure_channel(b1.url) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as sent_on:
+            await pb_grpc.ProducerServiceStub(channel).CreateProducer(request, timeout=10)
+    assert missed == [topic]
+    assert sent_on.value.code() is grpc.StatusCode.UNAVAILABLE, sent_on.value.details()
+    assert "not served by this broker" in (sent_on.value.details() or "")

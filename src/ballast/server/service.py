@@ -256,7 +256,11 @@ class DataPlaneService(
                 count = await self.quotas.topic_count(topic.namespace)
                 over_quota(topic.namespace, "topics", count, quotas.max_topics)
             is_partition = partition_index(topic.name.rsplit("-part-", 1)[0], topic.name)
-            if is_partition is None and await directory.partitions(topic):
+            found = [] if is_partition is not None else await directory.partitions(topic)
+            if found == [str(topic)]:
+                # Another producer's create landed since the first look: a plain topic.
+                return await self._not_here(topic, strategy, create=False)
+            if found:
                 raise RpcFailure(
                     grpc.StatusCode.ALREADY_EXISTS,
                     f"{topic} is a partitioned topic; publish with partitions",
