@@ -42,10 +42,11 @@ format: $(STAMP)
 	$(BIN)/ruff format src tests benchmarks
 
 # Two workers (each with its own etcd and Spark session): most tests wait on processes,
-# sockets and timers, so two share this machine's two cores well. TEST_WORKERS=0: serial.
+# sockets and timers, so two share this machine's two cores well; an idle worker takes
+# tests queued for the other (worksteal), so neither ends long after. TEST_WORKERS=0: serial.
 TEST_WORKERS ?= 2
 unit: $(STAMP) sysdeps
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 test: lint unit
 

@@ -34,7 +34,7 @@ def run_suite(workers: int, extra: list[str], log: Path) -> dict[str, Any]:
     started = time.monotonic()
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra]
     if workers:
-        command[3:3] = ["-n", str(workers)]
+        command[3:3] = ["-n", str(workers), "--dist", "worksteal"]  # as `make unit`
     with log.open("w") as out:
         code = subprocess.call(command, stdout=out, stderr=subprocess.STDOUT)
     text = log.read_text()

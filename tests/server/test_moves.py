@@ -92,22 +92,31 @@ async def test_lookup_at_a_non_owner_redirects_and_a_pinned_producer_recovers(
     await producer.close()
 
 
+async def sent_with_0_to_4_acked(
+    cluster: DataCluster, topic: str, count: int
+) -> tuple[Any, Any, asyncio.Queue[Any], list[Any]]:
+    """A second broker; on b1, `count` messages sent and received on an Exclusive
+    subscription, 0..4 acked: (producer, consumer, its queue, the messages received)."""
+    await cluster.start_broker("b2")
+    client = await new_client(cluster.brokers["b1"].url)
+    producer = await reliable_producer(client, topic)
+    consumer = await exclusive_consumer(client, topic)
+    queue = await consumer.receive()
+    for i in range(count):
+        await producer.send(f"m{i}".encode())
+    first = [await asyncio.wait_for(queue.get(), 10) for _ in range(count)]
+    assert [m.msg_id.topic_offset for m in first] == list(range(count))
+    for m in first[:5]:
+        await consumer.ack(m)
+    return producer, consumer, queue, first
+
+
 async def test_unload_anchor_consumer_gets_exactly_the_unacked_and_the_new(
     cluster: DataCluster,
 ) -> None:
     """Danube's anchor: produce 0-9, ack 0-4, unload, produce 8 more once the topic has
     moved: 5..17 arrive, in order, each once."""
-    await cluster.start_broker("b2")
-    client = await new_client(cluster.brokers["b1"].url)
-    producer = await reliable_producer(client, "/default/anchor")
-    consumer = await exclusive_consumer(client, "/default/anchor")
-    queue = await consumer.receive()
-    for i in range(10):
-        await producer.send(f"m{i}".encode())
-    first = [await asyncio.wait_for(queue.get(), 10) for _ in range(10)]
-    assert [m.msg_id.topic_offset for m in first] == list(range(10))
-    for m in first[:5]:
-        await consumer.ack(m)
+    producer, consumer, queue, _ = await sent_with_0_to_4_acked(cluster, "/default/anchor", 10)
     source = cluster.owner("/default/anchor")
     assert source is not None
     reader = asyncio.create_task(receive_and_ack(consumer, queue, 13))
@@ -138,17 +147,7 @@ async def test_a_message_the_old_owner_delivered_just_before_the_move(
     after the move the new owner delivers again, in offset order, what was unacked at the
     seal — 5..9, and 10 too unless its ack reached the old owner first — then 11.."""
     topic = "/default/anchor-race"
-    await cluster.start_broker("b2")
-    client = await new_client(cluster.brokers["b1"].url)
-    producer = await reliable_producer(client, topic)
-    consumer = await exclusive_consumer(client, topic)
-    queue = await consumer.receive()
-    for i in range(11):
-        await producer.send(f"m{i}".encode())
-    first = [await asyncio.wait_for(queue.get(), 10) for _ in range(11)]
-    assert [m.msg_id.topic_offset for m in first] == list(range(11))
-    for m in first[:5]:
-        await consumer.ack(m)
+    producer, consumer, queue, first = await sent_with_0_to_4_acked(cluster, topic, 11)
     if acked_before_the_seal:
         await consumer.ack(first[10])  # answered by the old owner: kept with its seal
     source = cluster.owner(topic)
