@@ -278,8 +278,8 @@ class SubscriptionDispatcher:
         self._acked_before = AckRanges(acked_above) if acked_above else None
         self._holds: dict[int, float] = {}  # offset -> seconds to hold it when offered
         self._delivered: set[int] = set()  # offsets given to a consumer, not yet acked
-        # A previous owner delivered at most the offsets below `previous_owner_below`.
-        self._foreign_below = previous_owner_below
+        # A previous owner delivered at most the offsets below this one.
+        self._previous_owner_below = previous_owner_below
         self._foreign_acks_until = time.monotonic() + MOVED_ACKS_SECONDS
 
     # -- consumers -----------------------------------------------------------------------
@@ -523,7 +523,7 @@ class SubscriptionDispatcher:
 
     def _previous_owner_delivered(self, offset: int) -> bool:
         """Whether `offset` may be one the previous owner delivered, acked only now."""
-        return offset < self._foreign_below and time.monotonic() <= self._foreign_acks_until
+        return offset < self._previous_owner_below and time.monotonic() <= self._foreign_acks_until
 
     def unacked_message(self, offset: int) -> Any | None:
         """The wire message delivered at `offset` and not yet acked, if any."""
