@@ -10,13 +10,13 @@ from typing import TypeVar
 from ballast.clock import Clock, FakeClock
 from ballast.metadata.store import MetadataStore
 from ballast.storage import (
+    CommitStream,
     ObjectStore,
     ObjectStoreError,
     ReliableTopic,
     StorageConfig,
     StorageStats,
     TieredRecord,
-    WritePacer,
 )
 
 
@@ -66,7 +66,7 @@ def make_topic(
     config: StorageConfig,
     topic: str = "/default/reliable_topic",
     stats: StorageStats | None = None,
-    pacer: WritePacer | None = None,
+    stream: CommitStream | None = None,
 ) -> ReliableTopic:
     """A topic on `broker`, whose local WAL directory is ``root/broker``."""
     return ReliableTopic(
@@ -78,7 +78,7 @@ def make_topic(
         clock=clock,
         config=config,
         stats=stats,
-        pacer=pacer,
+        stream=stream,
     )
 
 

@@ -14,6 +14,7 @@ from ballast.metadata import MemoryStore, ValueDecodeError, keys
 from ballast.metadata.etcd import EtcdStore
 from ballast.storage import (
     AckMode,
+    CommitStream,
     DurabilityTimeoutError,
     FsspecObjectStore,
     InitialPosition,
@@ -477,10 +478,18 @@ async def test_a_brokers_object_writes_are_bounded_across_its_topics(
     """Topics sharing one `WritePacer` write at most its rate together: their sends wait
     their turn and go into fuller objects, and every one is still committed."""
     stats = StorageStats()
-    pacer = WritePacer(per_second=20)
+    stream = CommitStream(
+        kw["objects"],
+        kw["metadata"],
+        broker_id="a",
+        clock=kw["clock"],
+        config=kw["config"],
+        stats=stats,
+        pacer=WritePacer(per_second=20),
+    )
     names = [f"/default/paced-{i}" for i in range(4)]
     topics = [
-        make_topic("a", tmp_path, **kw, topic=name, stats=stats, pacer=pacer) for name in names
+        make_topic("a", tmp_path, **kw, topic=name, stats=stats, stream=stream) for name in names
     ]
     for topic in topics:
         await topic.open()
@@ -490,13 +499,16 @@ async def test_a_brokers_object_writes_are_bounded_across_its_topics(
     )
     elapsed = asyncio.get_running_loop().time() - began
     assert sorted(offsets) == sorted(list(range(10)) * 4)
-    # 40 sends on 4 topics: one object per turn, turns 50 ms apart (plus the first).
-    assert stats.objects_uploaded <= elapsed * 20 + 1
-    assert stats.objects_uploaded < 40 and stats.object_write_waits > 0
+    # 40 sends on 4 topics: one object per turn, turns 50 ms apart (plus the first),
+    # each object carrying several topics' parts.
+    assert stats.stream_objects <= elapsed * 20 + 1
+    assert stats.stream_objects < 40 and stats.object_write_waits > 0
+    assert stats.stream_parts > stats.stream_objects
     for topic in topics:
         items = await collect(topic.read(0, live=False))
         assert [i.offset for i in items] == list(range(10))
         await topic.close()
+    await stream.close()
 
 
 async def test_the_write_pacer_spaces_turns_and_refuses_a_bad_rate() -> None:

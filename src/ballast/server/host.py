@@ -45,6 +45,7 @@ from ballast.server.topics import (
 )
 from ballast.storage import (
     AckMode,
+    CommitStream,
     FsspecObjectStore,
     FsyncPolicy,
     Handoff,
@@ -54,7 +55,6 @@ from ballast.storage import (
     SealError,
     StorageConfig,
     StorageStats,
-    WritePacer,
     verify_shared_object_store,
 )
 
@@ -113,7 +113,7 @@ class DataPlaneHost:
             cache_bytes=storage.wal_cache_bytes,
         )
         self.stats = StorageStats()
-        self.pacer = WritePacer(self.storage_config.max_object_writes_per_second)
+        self._stream: CommitStream | None = None  # with the object store
         self.counters = metrics if metrics is not None else DataPlaneMetrics()
         self.counters.registry.register(StorageCollector(self.stats, self._stored))
         self.directory = Directory(store, clock)
@@ -155,6 +155,19 @@ class DataPlaneHost:
                 storage.object_store_url(), dict(storage.object_store_options)
             )
         return self._objects
+
+    def commit_stream(self) -> CommitStream:
+        """The broker's object writes and descriptor commits, shared by its topics."""
+        if self._stream is None:
+            self._stream = CommitStream(
+                self.objects(),
+                self.store,
+                broker_id=self.broker_id,
+                clock=self.clock,
+                config=self.storage_config,
+                stats=self.stats,
+            )
+        return self._stream
 
     async def verify_object_store(self) -> None:
         """Raise `ObjectStoreMismatchError` unless this broker uses the cluster's store."""
@@ -241,7 +254,7 @@ class DataPlaneHost:
                 clock=self.clock,
                 config=self.storage_config,
                 stats=self.stats,
-                pacer=self.pacer,
+                stream=self.commit_stream(),
             )
             try:
                 opened = await storage.open(listing)
@@ -501,6 +514,8 @@ class DataPlaneHost:
         self._stopped = True
         self.shutdown()
         await self._tasks.close()
+        if self._stream is not None:  # after the topics: what still waits was not acked
+            await self._stream.close()
 
     async def sweep_once(self) -> None:
         """Sweep, expire subscriptions, publish pressure and retry failed openings."""

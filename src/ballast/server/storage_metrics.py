@@ -24,6 +24,7 @@ _HELP = {
     "ack_ranges_dropped": "Acked offsets above a cursor left out of its stored value "
     "(cursor_ack_ranges; delivered again after a move)",
     "objects_uploaded": "Objects committed to object storage",
+    "descriptor_commits": "Metadata transactions committing object descriptors",
     "objects_merged": "Small committed objects rewritten into bigger ones",
 }
 

@@ -36,6 +36,7 @@ from ballast.storage.reservation import Handoff, ReservationError, TopicClaim
 from ballast.storage.seal import Gap, SealedState, StartDecision, StartSource, choose_start
 from ballast.storage.shared import ObjectStoreMismatchError, verify_shared_object_store
 from ballast.storage.stats import StorageStats
+from ballast.storage.stream import CommitStream
 from ballast.storage.topic import (
     InitialPosition,
     OpenResult,
@@ -58,6 +59,7 @@ from ballast.storage.wal import (
 __all__ = [
     "AckMode",
     "AckRanges",
+    "CommitStream",
     "CorruptObjectError",
     "Corruption",
     "CursorPosition",

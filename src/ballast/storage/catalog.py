@@ -16,7 +16,7 @@ import bisect
 import functools
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -24,7 +24,8 @@ from typing import Any
 from ballast.metadata import keys
 from ballast.metadata.store import Listing, MetadataStore
 from ballast.model import TopicName
-from ballast.storage.objects import ObjectStore
+from ballast.storage.codec import Record
+from ballast.storage.objects import ObjectPart, ObjectStore, read_object
 from ballast.storage.stats import StorageStats
 
 __all__ = [
@@ -62,6 +63,15 @@ class ObjectDescriptor:
     object_id: str
     size: int
     created: float
+    # In an object the broker's commit stream shared by several topics: where this topic's
+    # part (`size` bytes, itself laid out as a whole object) begins. None: the whole object.
+    base: int | None = None
+
+    @property
+    def shared(self) -> bool:
+        """True if other topics' records share the object (it is deleted by its writer's
+        `CommitStream` once no topic refers to it, never by one topic)."""
+        return self.base is not None
 
     def contains(self, offset: int) -> bool:
         """True if `offset` lies in this object's range."""
@@ -69,13 +79,22 @@ class ObjectDescriptor:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form stored in the metadata store."""
-        return {
+        data: dict[str, Any] = {
             "start": self.start,
             "end": self.end,
             "object_id": self.object_id,
             "size": self.size,
             "created": self.created,
         }
+        if self.base is not None:
+            data["base"] = self.base
+        return data
+
+    def records(self, store: ObjectStore, from_offset: int) -> AsyncGenerator[Record, None]:
+        """Stream this object's (or part's) records from `from_offset` on (`read_object`)."""
+        if self.base is not None:
+            store = ObjectPart(store, self.base, self.size)
+        return read_object(store, self.object_id, self.size, from_offset)
 
     @classmethod
     def from_dict(cls, data: Any, ctx: str = "descriptor") -> ObjectDescriptor:
@@ -92,7 +111,8 @@ class ObjectDescriptor:
         created = data.get("created", 0.0)
         if isinstance(created, bool) or not isinstance(created, int | float):
             raise DescriptorError(f"{ctx}.created: expected a number, got {created!r}")
-        return cls(start, end, object_id, _int(data, "size", ctx), float(created))
+        base = _int(data, "base", ctx) if "base" in data else None
+        return cls(start, end, object_id, _int(data, "size", ctx), float(created), base)
 
 
 @dataclass(frozen=True, slots=True)

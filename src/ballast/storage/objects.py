@@ -38,6 +38,7 @@ __all__ = [
     "ObjectFooter",
     "ObjectIndex",
     "ObjectNotFoundError",
+    "ObjectPart",
     "ObjectStore",
     "ObjectStoreError",
     "read_object",
@@ -293,6 +294,34 @@ class FsspecObjectStore:
             return
         except Exception as exc:
             raise ObjectStoreError(f"deleting {name!r} from {self._url} failed: {exc}") from exc
+
+
+class ObjectPart:
+    """A read-only view of the `size` bytes at `base` of every object of `store`: one
+    topic's part of an object the commit stream shared by several topics (each part is
+    laid out as a whole object, so `read_object` reads it through this view unchanged)."""
+
+    def __init__(self, store: ObjectStore, base: int, size: int) -> None:
+        self._store = store
+        self._base = base
+        self._size = size
+
+    @property
+    def url(self) -> str:
+        """The underlying store's URL."""
+        return self._store.url
+
+    async def put(self, name: str, data: bytes) -> None:
+        raise ObjectStoreError(f"{name}: a part of a shared object is read-only")
+
+    async def get(self, name: str, start: int | None = None, end: int | None = None) -> bytes:
+        """The part's bytes [start, end) (relative to the part), or the whole part."""
+        lo = self._base + (start or 0)
+        hi = self._base + (self._size if end is None else min(end, self._size))
+        return await self._store.get(name, lo, hi)
+
+    async def delete(self, name: str) -> None:
+        raise ObjectStoreError(f"{name}: a part of a shared object is deleted with the object")
 
 
 async def read_object(

@@ -23,7 +23,7 @@ from ballast.metadata.store import MetadataStore
 from ballast.model import TopicName
 from ballast.storage.catalog import ObjectCatalog, load_catalog
 from ballast.storage.codec import Record
-from ballast.storage.objects import ObjectStore, read_object
+from ballast.storage.objects import ObjectStore
 from ballast.storage.seal import Gap, gap_end_after
 from ballast.storage.stats import StorageStats
 from ballast.storage.wal import OffsetUnavailableError, WriteAheadLog
@@ -97,7 +97,7 @@ async def read_tiered(
             if descriptor is None:
                 next_offset = _skip_hole(topic, catalog, next_offset, wal.first_offset, stats)
                 continue
-            stream = read_object(objects, descriptor.object_id, descriptor.size, next_offset)
+            stream = descriptor.records(objects, next_offset)
             async with contextlib.aclosing(stream):
                 async for record in stream:
                     if record.offset >= wal.first_offset:

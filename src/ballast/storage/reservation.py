@@ -41,7 +41,13 @@ from ballast.storage.config import StorageConfig
 from ballast.storage.seal import SealedState, StateError
 from ballast.storage.stats import StorageStats
 
-__all__ = ["Handoff", "ReservationError", "TopicClaim", "TopicFencedError"]
+__all__ = [
+    "Handoff",
+    "ReservationError",
+    "TopicClaim",
+    "TopicFencedError",
+    "commit_together",
+]
 
 log = logging.getLogger(__name__)
 
@@ -251,6 +257,28 @@ class TopicClaim:
                 self._fence()
                 raise self._fenced_error()
 
+    # -- commits of many topics in one transaction (`commit_together`) --------------------
+
+    async def _join(self) -> SealedState | None:
+        """Take the claim's lock for a shared transaction if it is free (at once, without
+        waiting: a busy claim commits on its own after); the state to write, or None."""
+        if self._fenced or self._state is None or self._lock.locked():
+            return None
+        await self._lock.acquire()  # free: returns without suspending
+        return dataclasses.replace(self._state, timestamp=self._clock.now())
+
+    def _leave(
+        self, written: tuple[SealedState, int] | None = None, unknown: SealedState | None = None
+    ) -> None:
+        """Release the lock `_join` took: the shared transaction wrote `written` (the state
+        and its revision), or its outcome is `unknown`, or neither (its compares failed)."""
+        if written is not None:
+            self._state, self._revision = written
+            self._uncertain.clear()
+        if unknown is not None:
+            self._uncertain.append(unknown)  # adopted by the next write if it got through
+        self._lock.release()
+
     async def fenced_put(self, key: str, value: Any) -> None:
         """Put `key` only while this claim holds (a subscription cursor).
 
@@ -417,3 +445,80 @@ class TopicClaim:
             f"{self.broker_id} no longer owns the topic: it commits and acknowledges nothing "
             f"more and cannot extend its offset reservation beyond {self.reserved_through}"
         )
+
+
+# etcd refuses a transaction of more than 128 compares or 128 operations.
+_TXN_OPS = 120
+
+
+async def commit_together(
+    metadata: MetadataStore,
+    commits: Sequence[tuple[TopicClaim, Sequence[TxnOp]]],
+    stats: StorageStats | None = None,
+) -> list[BaseException | None]:
+    """`TopicClaim.commit` of many topics, in as few transactions as etcd allows.
+
+    Each topic's operations go with a fresh copy of its state, fenced on its revision, as in
+    `commit`; one transaction carries many topics. When a transaction's compares fail (a
+    topic was claimed by another broker), its topics commit one by one, so a fenced topic
+    fails alone and the others commit. A claim busy with a write of its own (an extension,
+    a cursor) or present twice commits on its own too. Returns, per commit, None or the
+    exception it failed with (`TopicFencedError`, a metadata error to retry).
+    """
+    results: list[BaseException | None] = [None] * len(commits)
+    alone: list[int] = []
+    joined: list[tuple[int, SealedState]] = []
+    seen: set[int] = set()
+    for i, (claim, _) in enumerate(commits):
+        state = None if id(claim) in seen else await claim._join()
+        if state is None:
+            alone.append(i)
+        else:
+            seen.add(id(claim))
+            joined.append((i, state))
+    while joined:
+        chunk: list[tuple[int, SealedState]] = []
+        size = 0
+        while joined and (not chunk or size + 1 + len(commits[joined[0][0]][1]) <= _TXN_OPS):
+            i, state = joined.pop(0)
+            chunk.append((i, state))
+            size += 1 + len(commits[i][1])
+        compares = [
+            Compare.mod_revision_equals(commits[i][0].key, commits[i][0]._revision)
+            for i, _ in chunk
+        ]
+        ops: list[TxnOp] = []
+        for i, state in chunk:
+            claim, extra = commits[i]
+            ops.append(Put(claim.key, state.to_dict()))
+            ops.extend(extra)
+        if stats is not None:
+            stats.descriptor_commits += 1
+        try:
+            txn = await metadata.txn(compares, ops)
+        except Exception as exc:  # the outcome is unknown: the next attempt adopts it
+            for i, state in chunk:
+                commits[i][0]._leave(unknown=state)
+                results[i] = exc
+            continue
+        except BaseException:
+            for i, state in [*chunk, *joined]:
+                commits[i][0]._leave(unknown=state)
+            raise
+        for i, state in chunk:
+            claim = commits[i][0]
+            if txn.succeeded:
+                claim._leave(written=(state, txn.revision))
+            else:
+                claim._leave()
+                alone.append(i)
+    if alone:
+        if stats is not None:
+            stats.descriptor_commits += len(alone)
+        outcomes = await asyncio.gather(
+            *(commits[i][0].commit(commits[i][1]) for i in alone), return_exceptions=True
+        )
+        for i, outcome in zip(alone, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                results[i] = outcome
+    return results

@@ -36,7 +36,6 @@ from ballast.storage.codec import Headers, Message
 from ballast.storage.config import AckMode, StorageConfig
 from ballast.storage.cursor import SubscriptionCursors
 from ballast.storage.objects import ObjectStore
-from ballast.storage.pacing import WritePacer
 from ballast.storage.reader import TieredRecord, read_tiered
 from ballast.storage.reservation import Handoff, TopicClaim, TopicFencedError
 from ballast.storage.seal import (
@@ -48,6 +47,7 @@ from ballast.storage.seal import (
     merge_gaps,
 )
 from ballast.storage.stats import StorageStats
+from ballast.storage.stream import CommitStream
 from ballast.storage.uploader import Uploader
 from ballast.storage.wal import WalRecovery, WriteAheadLog
 
@@ -140,9 +140,10 @@ class ReliableTopic:
         clock: Clock | None = None,
         config: StorageConfig | None = None,
         stats: StorageStats | None = None,
-        pacer: WritePacer | None = None,
+        stream: CommitStream | None = None,
     ) -> None:
-        """`stats` and `pacer` are shared by the topics of one broker (its own otherwise)."""
+        """`stats` and `stream` (the broker's object writes and commits, `CommitStream`)
+        are shared by the topics of one broker (the topic's own otherwise)."""
         self.topic = TopicName.parse(topic)
         self.broker_id = broker_id
         self.directory = Path(data_dir) / self.topic.namespace / self.topic.name
@@ -151,7 +152,7 @@ class ReliableTopic:
         self._clock: Clock = clock or SystemClock()
         self._config = config or StorageConfig()
         self.stats = stats or StorageStats()
-        self._pacer = pacer or WritePacer(self._config.max_object_writes_per_second)
+        self._stream = stream
         self._status = TopicStatus.NEW
         self._stack: contextlib.AsyncExitStack | None = None
         self._wal: WriteAheadLog | None = None
@@ -285,6 +286,17 @@ class ReliableTopic:
         # The first segment is created while the claim is written (both on a move's path).
         await both(claim.claim(kv.mod_revision if kv else 0, owner_record), wal.start_segment())
         wal.set_reserver(claim)
+        stream = self._stream
+        if stream is None:  # a topic of its own (tests, tools): its own stream
+            stream = CommitStream(
+                self._objects,
+                self._metadata,
+                broker_id=self.broker_id,
+                clock=self._clock,
+                config=self._config,
+                stats=self.stats,
+            )
+            stack.push_async_callback(stream.close)  # after the uploader stops
         checkpoint = catalog.end if catalog.end is not None else -1
         uploader = Uploader(
             self.topic,
@@ -298,7 +310,7 @@ class ReliableTopic:
             gaps=gaps,
             claim=claim,
             catalog=catalog,
-            pacer=self._pacer,
+            stream=stream,
         )
         cursors = SubscriptionCursors(
             self.topic,

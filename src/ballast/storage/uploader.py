@@ -59,8 +59,7 @@ from ballast.storage.catalog import (
 )
 from ballast.storage.codec import Record
 from ballast.storage.config import StorageConfig
-from ballast.storage.objects import ObjectBuilder, ObjectStore, ObjectStoreError, read_object
-from ballast.storage.pacing import WritePacer
+from ballast.storage.objects import ObjectBuilder, ObjectStore, ObjectStoreError
 from ballast.storage.reservation import TopicClaim, TopicFencedError
 from ballast.storage.retention import (
     RetentionError,
@@ -71,9 +70,10 @@ from ballast.storage.retention import (
 )
 from ballast.storage.seal import Gap, gap_end_after
 from ballast.storage.stats import StorageStats
+from ballast.storage.stream import CommitStream, object_name
 from ballast.storage.wal import OffsetUnavailableError, WalClosedError, WriteAheadLog
 
-__all__ = ["DurabilityTimeoutError", "UploadConflictError", "Uploader", "object_name"]
+__all__ = ["DurabilityTimeoutError", "UploadConflictError", "Uploader"]
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +103,6 @@ class DurabilityTimeoutError(Exception):
     """An append was not committed to object storage in time (it may be later)."""
 
 
-def object_name(topic: TopicName, start: int, end: int) -> str:
-    """A fresh object name for the range; the random part keeps retries from overwriting."""
-    return f"{topic.namespace}/{topic.name}/{start:020d}-{end:020d}-{uuid.uuid4().hex[:12]}.bobj"
-
-
 def index_name(topic: TopicName, end: int) -> str:
     """A fresh name for an index object covering descriptors up to offset `end`."""
     return f"{topic.namespace}/{topic.name}/index-{end:020d}-{uuid.uuid4().hex[:12]}.json"
@@ -130,8 +125,12 @@ class Uploader:
         gaps: Sequence[Gap] = (),
         claim: TopicClaim | None = None,
         catalog: ObjectCatalog | None = None,
-        pacer: WritePacer | None = None,
+        stream: CommitStream | None = None,
     ) -> None:
+        """With a `claim`, objects are written and committed through `stream` (the
+        broker's, shared by its topics)."""
+        if claim is not None and stream is None:
+            raise ValueError(f"uploader{topic}: a claimed topic commits through a CommitStream")
         self.topic = topic
         self._wal = wal
         self._objects = objects
@@ -139,7 +138,7 @@ class Uploader:
         self._clock = clock
         self._config = config or StorageConfig()
         self._stats = stats or StorageStats()
-        self._pacer = pacer or WritePacer(self._config.max_object_writes_per_second)
+        self._stream = stream
         self._checkpoint = checkpoint
         self._written = checkpoint  # highest offset written to an object (committed or not)
         # With a claim: what was written and waits for its commit, in offset order (a
@@ -171,7 +170,8 @@ class Uploader:
         self.stored_bytes = catalog.size if catalog is not None else 0
         self._last_merge = clock.now()
         self._last_retention = -math.inf
-        self._garbage: deque[tuple[float, str]] = deque()  # (delete after, object), merged
+        # (delete after, object, its descriptor): merged or released objects, old indexes.
+        self._garbage: deque[tuple[float, str, ObjectDescriptor | None]] = deque()
         self._failing = False  # in an outage: log its end once
         wal.mark_uploaded(checkpoint)
 
@@ -349,9 +349,6 @@ class Uploader:
                 self._skipped(first_local - 1)
                 continue
             if self._claim is not None:
-                # The broker's turn for one object write; what arrives meanwhile joins it.
-                if await self._pacer.turn():
-                    self._stats.object_write_waits += 1
                 target = max(target, self._wal.committed_offset)
             builder = ObjectBuilder(self._config.index_interval_bytes)
             cursor = start
@@ -408,8 +405,15 @@ class Uploader:
         return ObjectDescriptor(start, end, name, len(data), self._clock.now())
 
     async def _put_object(self, builder: ObjectBuilder) -> None:
-        """Write the object; its commit follows in `_commit_loop` (in offset order)."""
-        descriptor = await self._write_object(builder)
+        """Write the object through the broker's stream (with other topics' parts); its
+        commit follows in `_commit_loop` (in offset order)."""
+        start, end, stream = builder.start, builder.end, self._stream
+        assert start is not None and end is not None and stream is not None
+        data = builder.finish()
+        descriptor = await self._retrying(
+            f"writing object {start}..{end}",
+            functools.partial(stream.write, self.topic, start, end, data),
+        )
         self._written = descriptor.end
         self._last_put = asyncio.get_running_loop().time()
         self._last_records = builder.count
@@ -433,7 +437,7 @@ class Uploader:
                 try:
                     await self._retrying(
                         f"committing {len(ops)} object(s) up to {batch[-1][1]}",
-                        functools.partial(claim.commit, ops),
+                        functools.partial(self._commit, claim, ops),
                     )
                 except TopicFencedError as exc:
                     self._failure = exc
@@ -452,6 +456,11 @@ class Uploader:
             self._notify()
             if len(self._small) >= self._config.merge_objects:
                 self._wake.set()  # the loop merges them
+
+    async def _commit(self, claim: TopicClaim, ops: list[TxnOp]) -> None:
+        """Commit `ops` under the claim in the broker's next shared transaction."""
+        assert self._stream is not None
+        await self._stream.commit(claim, ops)
 
     async def _upload_object(self, builder: ObjectBuilder) -> None:
         """Write the object, then publish its descriptor if absent (no claim)."""
@@ -566,7 +575,7 @@ class Uploader:
         self.stored_objects -= len(group) - 1
         self.stored_bytes += merged.size - sum(d.size for d in group)
         after = self._clock.now() + self._config.merge_grace_seconds
-        self._garbage.extend((after, d.object_id) for d in group)
+        self._garbage.extend((after, d.object_id, d) for d in group)
         self._stats.objects_merged += len(group)
         log.debug(
             "%s: merged %d objects into %s (%d..%d)", self._name, len(group), name, start, end
@@ -613,7 +622,7 @@ class Uploader:
             await self._retrying(f"committing index {name}", functools.partial(claim.commit, ops))
             if self._index is not None:  # readers may still be reading the previous one
                 after = self._clock.now() + self._config.merge_grace_seconds
-                self._garbage.append((after, self._index.object_id))
+                self._garbage.append((after, self._index.object_id, None))
             self._index, self._indexed = index, content
             self._keys -= len(chunk)
             self._stats.descriptors_indexed += len(chunk)
@@ -680,12 +689,12 @@ class Uploader:
         )
         after = self._clock.now() + self._config.merge_grace_seconds
         if from_index and self._index is not None:  # readers may still be reading it
-            self._garbage.append((after, self._index.object_id))
+            self._garbage.append((after, self._index.object_id, None))
         self._index, self._indexed = index, remaining
         self._keys -= len(dropped_keys)
         self.stored_objects -= len(released)
         self.stored_bytes -= sum(d.size for d in released)
-        self._garbage.extend((after, d.object_id) for d in released)
+        self._garbage.extend((after, d.object_id, d) for d in released)
         self._stats.objects_released += len(released)
         log.info(
             "%s: retention released %d objects (offsets %d..%d)",
@@ -716,9 +725,7 @@ class Uploader:
             pass
         records = []
         for descriptor in group:
-            stream = read_object(
-                self._objects, descriptor.object_id, descriptor.size, descriptor.start
-            )
+            stream = descriptor.records(self._objects, descriptor.start)
             async with contextlib.aclosing(stream):
                 records.extend([record async for record in stream])
         return records
@@ -727,7 +734,11 @@ class Uploader:
         """Delete merged objects once no reader can still be on its way to them."""
         now = self._clock.now()
         while self._garbage and self._garbage[0][0] <= now:  # in the order they were merged
-            _, name = self._garbage.popleft()
+            _, name, descriptor = self._garbage.popleft()
+            if descriptor is not None and descriptor.shared:
+                assert self._stream is not None  # shared objects are the stream's
+                await self._stream.release(self.topic, descriptor)
+                continue
             try:
                 await self._objects.delete(name)
             except ObjectStoreError as exc:

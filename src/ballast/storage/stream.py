@@ -1,0 +1,262 @@
+"""`CommitStream`: one broker's object writes and descriptor commits, for all its topics.
+
+Each reliable topic's uploader packs what its WAL committed into an object and commits the
+object's descriptor under its claim (see `uploader`). Done per topic, every busy topic pays
+an object write and a metadata transaction of its own for each batch: with many topics,
+the broker's writes and transactions grow with the number of topics, not with the bytes.
+The stream gathers them instead, as a group commit across topics:
+
+- **objects**: the parts that topics hand in while the previous object is being written
+  go into the next object together, each part laid out as a whole object at its own byte
+  range (`ObjectDescriptor.base`), so a reader fetches one topic's part by range. One part
+  alone is written as the topic's own object, exactly as before. Writes are paced by the
+  broker's `WritePacer`, a few in flight at a time.
+- **commits**: the descriptor commits that topics hand in meanwhile go into one metadata
+  transaction (`commit_together`: each topic's fence compared, split under etcd's limits);
+  a topic fenced by a new owner fails alone.
+
+An object shared by several topics is deleted by its writer once every part has been
+merged or released by its topic (`release`). Parts a topic still refers to after a move or
+a restart of the writer keep their object; it is never deleted while referenced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ballast.clock import Clock
+from ballast.metadata.store import MetadataStore, TxnOp
+from ballast.model import TopicName
+from ballast.storage.catalog import ObjectDescriptor
+from ballast.storage.config import StorageConfig
+from ballast.storage.objects import ObjectStore, ObjectStoreError
+from ballast.storage.pacing import WritePacer
+from ballast.storage.reservation import TopicClaim, commit_together
+from ballast.storage.stats import StorageStats
+
+__all__ = ["CommitStream", "object_name", "shared_object_name"]
+
+log = logging.getLogger(__name__)
+
+# Objects being written at once: a slow object store (tens of ms a write) must not make
+# every topic's acknowledgements wait in line behind one write.
+_WRITES_IN_FLIGHT = 1
+SHARED_PREFIX = "_streams"  # no namespace starts with "_": never a topic's own directory
+
+
+def object_name(topic: TopicName, start: int, end: int) -> str:
+    """A fresh object name for one topic's range; the random part keeps retries apart."""
+    return f"{topic.namespace}/{topic.name}/{start:020d}-{end:020d}-{uuid.uuid4().hex[:12]}.bobj"
+
+
+def shared_object_name(broker_id: str) -> str:
+    """A fresh name for an object holding parts of several topics."""
+    return f"{SHARED_PREFIX}/{broker_id}/{uuid.uuid4().hex}.bobj"
+
+
+@dataclass
+class _Part:
+    topic: TopicName
+    start: int
+    end: int
+    data: bytes
+    done: asyncio.Future[ObjectDescriptor]
+
+
+@dataclass
+class _Commit:
+    claim: TopicClaim
+    ops: Sequence[TxnOp]
+    done: asyncio.Future[None]
+
+
+class CommitStream:
+    """The broker's group commit of objects and descriptors across topics.
+
+    Its loops start with the first request and stop with `close()` (waiters still queued
+    get `ObjectStoreError`: nothing of theirs was committed).
+    """
+
+    def __init__(
+        self,
+        objects: ObjectStore,
+        metadata: MetadataStore,
+        *,
+        broker_id: str,
+        clock: Clock,
+        config: StorageConfig | None = None,
+        stats: StorageStats | None = None,
+        pacer: WritePacer | None = None,
+    ) -> None:
+        self._objects = objects
+        self._metadata = metadata
+        self._broker_id = broker_id
+        self._clock = clock
+        self._config = config or StorageConfig()
+        self._stats = stats or StorageStats()
+        self._pacer = pacer or WritePacer(self._config.max_object_writes_per_second)
+        self._parts: list[_Part] = []
+        self._commits: list[_Commit] = []
+        self._wake_writer = asyncio.Event()
+        self._wake_committer = asyncio.Event()
+        self._in_flight = asyncio.Semaphore(_WRITES_IN_FLIGHT)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loops: list[asyncio.Task[None]] = []
+        self._closed = False
+        # Shared objects this broker wrote -> (topic, start) of the parts still referred to.
+        self._refs: dict[str, set[tuple[TopicName, int]]] = {}
+
+    @property
+    def objects(self) -> ObjectStore:
+        """Where the objects go."""
+        return self._objects
+
+    # -- requests --------------------------------------------------------------------------
+
+    async def write(self, topic: TopicName, start: int, end: int, data: bytes) -> ObjectDescriptor:
+        """Write `data` (one topic's object for offsets start..end) in the next object;
+        its descriptor once written. Raises `ObjectStoreError` (the caller retries)."""
+        self._running()
+        done: asyncio.Future[ObjectDescriptor] = asyncio.get_running_loop().create_future()
+        self._parts.append(_Part(topic, start, end, data, done))
+        self._wake_writer.set()
+        return await done
+
+    async def commit(self, claim: TopicClaim, ops: Sequence[TxnOp]) -> None:
+        """`claim.commit(ops)` in the next shared transaction."""
+        self._running()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._commits.append(_Commit(claim, ops, done))
+        self._wake_committer.set()
+        await done
+
+    async def release(self, topic: TopicName, descriptor: ObjectDescriptor) -> None:
+        """`topic` no longer refers to its part `descriptor` of a shared object (merged
+        or released, past the readers' grace): the object goes once no part is left."""
+        refs = self._refs.get(descriptor.object_id)
+        if refs is None:
+            return  # written before a restart or by another broker: kept (see module doc)
+        refs.discard((topic, descriptor.start))
+        if refs:
+            return
+        del self._refs[descriptor.object_id]
+        try:
+            await self._objects.delete(descriptor.object_id)
+        except ObjectStoreError as exc:
+            log.warning("could not delete shared object %s: %s", descriptor.object_id, exc)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _running(self) -> None:
+        if self._closed:
+            raise ObjectStoreError("the broker's commit stream is closed")
+        if not self._loops:
+            loop = asyncio.get_running_loop()
+            self._loops = [
+                loop.create_task(self._writer(), name=f"stream/{self._broker_id}/writer"),
+                loop.create_task(self._committer(), name=f"stream/{self._broker_id}/committer"),
+            ]
+
+    async def close(self) -> None:
+        """Stop the loops; requests still waiting fail (nothing of theirs committed)."""
+        self._closed = True
+        tasks = [*self._loops, *self._tasks]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        failure = ObjectStoreError("the broker's commit stream closed")
+        waiting: list[asyncio.Future[Any]] = [
+            *(part.done for part in self._parts),
+            *(commit.done for commit in self._commits),
+        ]
+        for done in waiting:
+            if not done.done():
+                done.set_exception(failure)
+        self._parts.clear()
+        self._commits.clear()
+
+    # -- loops -----------------------------------------------------------------------------
+
+    async def _writer(self) -> None:
+        while True:
+            await self._wake_writer.wait()
+            self._wake_writer.clear()
+            while self._parts:
+                await self._in_flight.acquire()
+                if await self._pacer.turn():
+                    self._stats.object_write_waits += 1
+                # Whatever arrived while waiting for a turn goes in this object too.
+                parts = self._take_parts()
+                task = asyncio.get_running_loop().create_task(self._write(parts))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    def _take_parts(self) -> list[_Part]:
+        """The waiting parts, up to `max_object_bytes` (one part at least)."""
+        taken, size = 0, 0
+        for part in self._parts:
+            if taken and size + len(part.data) > self._config.max_object_bytes:
+                break
+            taken += 1
+            size += len(part.data)
+        parts, self._parts = self._parts[:taken], self._parts[taken:]
+        return parts
+
+    async def _write(self, parts: list[_Part]) -> None:
+        try:
+            now = self._clock.now()
+            if len(parts) == 1:
+                part = parts[0]
+                name = object_name(part.topic, part.start, part.end)
+                await self._objects.put(name, part.data)
+                described = [ObjectDescriptor(part.start, part.end, name, len(part.data), now)]
+            else:
+                name = shared_object_name(self._broker_id)
+                described, base = [], 0
+                for part in parts:
+                    described.append(
+                        ObjectDescriptor(part.start, part.end, name, len(part.data), now, base)
+                    )
+                    base += len(part.data)
+                await self._objects.put(name, b"".join(part.data for part in parts))
+                self._refs[name] = {(part.topic, part.start) for part in parts}
+            self._stats.stream_objects += 1
+            self._stats.stream_parts += len(parts)
+            for part, descriptor in zip(parts, described, strict=True):
+                if not part.done.done():
+                    part.done.set_result(descriptor)
+        except Exception as exc:  # every part fails; each uploader retries its own
+            for part in parts:
+                if not part.done.done():
+                    part.done.set_exception(exc)
+        finally:
+            self._in_flight.release()
+
+    async def _committer(self) -> None:
+        while True:
+            await self._wake_committer.wait()
+            self._wake_committer.clear()
+            while self._commits:
+                commits, self._commits = self._commits, []
+                try:
+                    results = await commit_together(
+                        self._metadata, [(c.claim, c.ops) for c in commits], self._stats
+                    )
+                except Exception as exc:  # a bug here must not stop every topic's commits
+                    log.exception("the commit stream's transaction failed: %s", exc)
+                    results = [exc] * len(commits)
+                for request, result in zip(commits, results, strict=True):
+                    if request.done.done():
+                        continue
+                    if result is None:
+                        request.done.set_result(None)
+                    else:
+                        request.done.set_exception(result)

@@ -1,0 +1,187 @@
+"""The broker's commit stream: topics share object writes and metadata transactions, a
+fenced topic fails alone, a new owner reads its part of a shared object by range."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ballast.clock import FakeClock
+from ballast.metadata import MemoryStore, keys
+from ballast.metadata.etcd import EtcdStore
+from ballast.metadata.store import MetadataStore, Put
+from ballast.model import TopicName
+from ballast.storage import (
+    CommitStream,
+    FsspecObjectStore,
+    ObjectDescriptor,
+    SealedState,
+    StartSource,
+    StorageConfig,
+    StorageStats,
+    Tier,
+    TopicFencedError,
+    load_catalog,
+)
+from ballast.storage.objects import ObjectNotFoundError
+from ballast.storage.reservation import TopicClaim, commit_together
+from tests.etcd_fixtures import EtcdServer, etcd_server
+
+from .helpers import collect, make_topic, payload
+
+__all__ = ["etcd_server"]
+
+
+@pytest.fixture
+def kw(
+    object_store: FsspecObjectStore, metadata: MemoryStore, clock: FakeClock, config: StorageConfig
+) -> dict[str, Any]:
+    return {"objects": object_store, "metadata": metadata, "clock": clock, "config": config}
+
+
+def stream_for(broker: str, kw: dict[str, Any], stats: StorageStats) -> CommitStream:
+    return CommitStream(
+        kw["objects"],
+        kw["metadata"],
+        broker_id=broker,
+        clock=kw["clock"],
+        config=kw["config"],
+        stats=stats,
+    )
+
+
+async def claimed(store: MetadataStore, topic: str, broker: str, clock: FakeClock) -> TopicClaim:
+    claim = TopicClaim(TopicName.parse(topic), store, broker_id=broker, clock=clock)
+    current = await store.get(claim.key)
+    state = SealedState(False, -1, broker, clock.now(), reserved_through=1000)
+    await claim.claim(current.mod_revision if current else 0, state)
+    return claim
+
+
+async def test_topics_sent_to_together_share_objects_and_transactions_and_move_intact(
+    tmp_path: Path, kw: dict[str, Any]
+) -> None:
+    stats = StorageStats()
+    stream = stream_for("a", kw, stats)
+    names = [f"/default/together-{i}" for i in range(8)]
+    topics = [make_topic("a", tmp_path, **kw, topic=n, stats=stats, stream=stream) for n in names]
+    for topic in topics:
+        await topic.open()
+    await asyncio.gather(*(t.append(payload(i)) for i in range(5) for t in topics))
+    # 40 sends on 8 topics: objects and transactions carry several topics each.
+    assert stats.stream_parts > stats.stream_objects
+    assert stats.descriptor_commits < stats.stream_parts
+    for topic in topics:
+        await topic.close()  # not sealed: nothing but the catalog tells the next owner
+    await stream.close()
+    catalog = await load_catalog(kw["metadata"], TopicName.parse(names[3]), StorageStats())
+    assert any(d.shared for d in catalog.objects)
+    # Another broker (its own empty data directory) reads every topic from the shared
+    # objects, each its own part by range, and continues its offsets.
+    for name in names:
+        async with make_topic("b", tmp_path, **kw, topic=name) as other:
+            assert other.opened.source is StartSource.CATALOG
+            items = await collect(other.read(0, live=False))
+            assert [(i.offset, i.record.payload, i.tier) for i in items] == [
+                (o, payload(o), Tier.OBJECT) for o in range(5)
+            ]
+            assert await other.append(b"more") == 5
+
+
+async def test_a_fenced_topic_fails_alone_inside_a_shared_commit(
+    tmp_path: Path, kw: dict[str, Any]
+) -> None:
+    stats = StorageStats()
+    stream = stream_for("a", kw, stats)
+    mine, taken = "/default/stays", "/default/taken"
+    async with (
+        make_topic("a", tmp_path, **kw, topic=mine, stats=stats, stream=stream) as stays,
+        make_topic("a", tmp_path, **kw, topic=taken, stats=stats, stream=stream) as lost,
+    ):
+        await asyncio.gather(stays.append(payload(0)), lost.append(payload(0)))
+        # Another broker claims one of them (a move that did not wait for a seal).
+        async with make_topic("b", tmp_path, **kw, topic=taken):
+            kept, fenced = await asyncio.gather(
+                stays.append(payload(1)), lost.append(payload(1)), return_exceptions=True
+            )
+            assert kept == 1
+            assert isinstance(fenced, TopicFencedError)
+            assert await stays.append(payload(2)) == 2
+    await stream.close()
+
+
+async def test_commit_together_fences_per_topic_in_one_transaction(
+    metadata: MemoryStore, clock: FakeClock
+) -> None:
+    claims = [await claimed(metadata, f"/default/c{i}", "a", clock) for i in range(3)]
+    # Broker b takes /default/c1 over.
+    await claimed(metadata, "/default/c1", "b", clock)
+    stats = StorageStats()
+    results = await commit_together(
+        metadata, [(c, [Put(f"/test/marks/{i}", i)]) for i, c in enumerate(claims)], stats
+    )
+    assert [type(r) for r in results] == [type(None), TopicFencedError, type(None)]
+    assert (await metadata.get("/test/marks/0")) is not None
+    assert (await metadata.get("/test/marks/1")) is None
+    assert (await metadata.get("/test/marks/2")) is not None
+    # One shared transaction (refused), then each topic alone.
+    assert stats.descriptor_commits == 1 + 3
+    # The claims that committed are at their new revision: their next commit holds.
+    again = await commit_together(metadata, [(claims[0], []), (claims[2], [])], stats)
+    assert again == [None, None] and stats.descriptor_commits == 5
+
+
+async def test_commit_together_splits_under_etcds_limits(
+    etcd_server: EtcdServer, clock: FakeClock
+) -> None:
+    run = uuid.uuid4().hex[:8]
+    async with EtcdStore(etcd_server.client_url) as store:
+        claims = [await claimed(store, f"/split{run}/t{i}", "a", clock) for i in range(150)]
+        stats = StorageStats()
+        results = await commit_together(
+            store,
+            [(c, [Put(f"/test/split{run}/{i}", i)]) for i, c in enumerate(claims)],
+            stats,
+        )
+        assert results == [None] * 150
+        assert 3 <= stats.descriptor_commits <= 4  # 2 ops a topic, at most 120 a transaction
+        listing = await store.get_prefix(f"/test/split{run}/")
+        assert len(listing.items) == 150
+        states = await store.get_prefix(f"/storage/topics/split{run}/")
+        assert len(states.items) == 150
+
+
+async def test_a_shared_object_goes_once_every_part_is_released(
+    object_store: FsspecObjectStore, metadata: MemoryStore, clock: FakeClock
+) -> None:
+    stream = CommitStream(object_store, metadata, broker_id="a", clock=clock)
+    one, two = TopicName.parse("/default/p1"), TopicName.parse("/default/p2")
+    first, second = await asyncio.gather(
+        stream.write(one, 0, 0, b"part-one"), stream.write(two, 0, 0, b"part-two")
+    )
+    if first.object_id != second.object_id:  # the first write went alone: share the next
+        first, second = await asyncio.gather(
+            stream.write(one, 1, 1, b"part-one"), stream.write(two, 1, 1, b"part-two")
+        )
+    assert first.object_id == second.object_id and first.shared and second.shared
+    assert (first.base, second.base) == (0, len(b"part-one"))
+    whole = await object_store.get(first.object_id)
+    assert whole == b"part-onepart-two"
+    await stream.release(one, first)
+    assert await object_store.get(first.object_id) == whole  # the other part still counts
+    await stream.release(two, second)
+    with pytest.raises(ObjectNotFoundError):
+        await object_store.get(first.object_id)
+    await stream.close()
+
+
+def test_a_descriptor_of_a_part_round_trips_and_a_whole_object_has_no_base() -> None:
+    part = ObjectDescriptor(3, 9, "_streams/a/x.bobj", 120, 1.5, base=4096)
+    assert ObjectDescriptor.from_dict(part.to_dict()) == part and part.shared
+    whole = ObjectDescriptor(3, 9, "default/t/x.bobj", 120, 1.5)
+    assert "base" not in whole.to_dict() and not whole.shared
+    assert keys.storage_object("/default/t", 3).endswith("/objects/00000000000000000003")
