@@ -64,6 +64,14 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     # --quick skips Spark (see its docstring): the local engine only.
     "bench_replicas": ("benchmark", "local.replica_moves", "local.lower_bound"),
     "bench_shedding": ("core.threshold.median_ms", "from_snapshot_threshold.moves"),
+    "bench_topics": (
+        "idle_after.open_fds",
+        "etcd_keys_per_topic",
+        "open.per_topic_p99_ms",
+        "reliable.32_topics_32.broker_cpu_us_per_message",
+        "active_topics.32.object_writes_per_s",
+        "goals",
+    ),
     "bench_storage": (
         "append.0.msgs_per_s",
         "tiered_read.wal",
