@@ -380,6 +380,12 @@ def topic_prefix(topic: TopicLike) -> str:
     return f"{TOPICS_PREFIX}{t.namespace}/{t.name}/"
 
 
+def partitions_prefix(base: TopicLike) -> str:
+    """Prefix of everything stored about the ``{base}-part-N`` partitions of a topic."""
+    t = _topic(base)
+    return f"{TOPICS_PREFIX}{t.namespace}/{t.name}-part-"
+
+
 def topic_meta(topic: TopicLike) -> str:
     """Metadata key of a topic."""
     return f"{topic_prefix(topic)}meta"

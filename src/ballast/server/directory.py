@@ -88,7 +88,9 @@ class Directory:
         """`[base]` for a plain topic, its ``-part-N`` topics for a partitioned one, or []."""
         if await self.meta(base) is not None:
             return [str(base)]
-        listing = await self.store.get_prefix(keys.namespace_topics_prefix(base.namespace))
+        # Only the keys of this topic's partitions (not the namespace's: with thousands of
+        # topics, every new topic's first producer listed them all).
+        listing = await self.store.get_prefix(keys.partitions_prefix(base))
         found: dict[int, str] = {}
         for kv in listing.items:
             if not keys.is_topic_meta_key(kv.key):

@@ -139,6 +139,9 @@ class DataPlaneHost:
         self._relays: dict[int, ConsumerRelay] = {}  # consumer id -> relay of a moved topic
         self._failed_loads: dict[str, UnassignedMarker | None] = {}  # assigned, not opened
         self._assigned: set[str] = set()  # what the broker asked us to serve
+        # Topics a request waits to see assigned here (`assigned_here`): a new topic's
+        # first producer is served as soon as it opens, not after a retry.
+        self._placements: dict[str, asyncio.Event] = {}
         self._opening: dict[str, asyncio.Task[None]] = {}  # topics whose opening runs
         # The host's background work (openings, releases, the sweep), from `start` to `stop`.
         self._tasks = TaskOwner(f"dataplane/{broker_id}")
@@ -184,6 +187,9 @@ class DataPlaneHost:
         UNAVAILABLE (a gateway holds them), as for any topic not served yet.
         """
         self._assigned.add(topic)
+        placed = self._placements.pop(topic, None)
+        if placed is not None:
+            placed.set()
         if topic in self.topics or topic in self._opening:
             return
         if self._stopped:
@@ -192,6 +198,21 @@ class DataPlaneHost:
         self._opening[topic] = task
         task.add_done_callback(lambda done: self._opened(topic, done))
         await asyncio.wait({task}, timeout=OPEN_WAIT_SECONDS)
+
+    async def assigned_here(self, topic: str, timeout: float) -> bool:
+        """Whether `topic` is (or within `timeout` seconds becomes) assigned to this broker."""
+        if topic in self._assigned:
+            return True
+        event = self._placements.setdefault(topic, asyncio.Event())
+        try:
+            async with asyncio.timeout(timeout):
+                await event.wait()
+        except TimeoutError:
+            return topic in self._assigned
+        finally:
+            if not event.is_set() and self._placements.get(topic) is event:
+                del self._placements[topic]
+        return True
 
     async def serving(self, topic: str) -> ServedTopic | None:
         """The topic as served here; while it is being opened here, once that finishes

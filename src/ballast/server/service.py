@@ -57,6 +57,7 @@ from ballast.server.schemas import (
     producer_schema_check,
     send_check,
 )
+from ballast.server.topics import ServedTopic
 
 __all__ = ["DataPlaneService"]
 
@@ -83,6 +84,9 @@ def _owned(binding: Binding | None, needed: tuple[Permission, ...], what: str) -
         raise RpcFailure(exc.code, exc.message, "not_owner") from None
 
 
+# A new topic's first producer waits for its placement in steps of this, looking for an
+# owner elsewhere in between (then the client is sent on at once).
+_PLACEMENT_POLL_SECONDS = 0.05
 _PRODUCE = (Permission.PRODUCE,)
 _CONSUME = (Permission.CONSUME,)
 
@@ -142,6 +146,22 @@ class DataPlaneService(
             return self._lookup_answer(request, CONNECT, self.broker_url)
         return self._lookup_answer(request, REDIRECT, owner.broker_url)
 
+    async def _placed_here(self, topic: TopicName) -> ServedTopic | None:
+        """The topic just created, once the leader placed it here and it opened (within
+        `lookup_wait_seconds`); None once it is placed elsewhere or the wait ends. Without
+        this, the client's first producer retried after a 100-200 ms back-off."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.lookup_wait_seconds
+        name = str(topic)
+        while loop.time() < deadline:
+            if await self.host.assigned_here(name, _PLACEMENT_POLL_SECONDS):
+                served = await self.host.serving(name)
+                return served if served is not None and served.accepting else None
+            owner = await self.host.directory.owner(topic)
+            if owner is not None and owner.broker_id != self.broker_id:
+                return None
+        return None
+
     async def _wait_for_owner(self, topic: TopicName) -> Owner | None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.lookup_wait_seconds
@@ -192,8 +212,7 @@ class DataPlaneService(
             _warm_up(self.quotas.get(topic.namespace)),
         )
         if served is None or not served.accepting:
-            await self._not_here(topic, strategy, create=True)
-            raise AssertionError("unreachable")
+            served = await self._not_here(topic, strategy, create=True)
         self._check_strategy(topic, "reliable" if served.reliable else NON_RELIABLE, strategy)
         if request.producer_name not in served.producers:
             quotas = await self.quotas.get(topic.namespace)
@@ -223,8 +242,11 @@ class DataPlaneService(
                 "dispatch_mismatch",
             )
 
-    async def _not_here(self, topic: TopicName, strategy: str | None, *, create: bool) -> None:
-        """Answer for a topic this broker does not serve: create it, or send the client on."""
+    async def _not_here(
+        self, topic: TopicName, strategy: str | None, *, create: bool
+    ) -> ServedTopic:
+        """Answer for a topic this broker does not serve: create it (and serve it, if it
+        is placed here at once), or send the client on (raises UNAVAILABLE)."""
         directory = self.host.directory
         meta = await directory.meta(topic)
         if meta is None:
@@ -257,19 +279,23 @@ class DataPlaneService(
                 over_quota(topic.namespace, "topics", count, quotas.max_topics)
             is_partition = partition_index(topic.name.rsplit("-part-", 1)[0], topic.name)
             found = [] if is_partition is not None else await directory.partitions(topic)
-            if found == [str(topic)]:
-                # Another producer's create landed since the first look: a plain topic.
-                return await self._not_here(topic, strategy, create=False)
-            if found:
+            if found and found != [str(topic)]:
                 raise RpcFailure(
                     grpc.StatusCode.ALREADY_EXISTS,
                     f"{topic} is a partitioned topic; publish with partitions",
                     "partitioned_conflict",
                 )
-            created = await directory.create_topic(topic, {DISPATCH_KEY: strategy})
+            # (`found` naming the topic itself: another producer's create landed since the
+            # first look, a plain topic: wait for its placement as for ours.)
+            created = not found and await directory.create_topic(topic, {DISPATCH_KEY: strategy})
             if created:
                 log.info("%s: created %s topic %s", self.broker_id, strategy, topic)
-            raise not_served(f"topic {topic} was just created; waiting for its placement")
+            served = await self._placed_here(topic)
+            if served is not None:
+                return served  # the first producer is served without a retry
+            if created:
+                raise not_served(f"topic {topic} was just created; waiting for its placement")
+            raise not_served(f"topic {topic} is not served by this broker; redo the lookup")
         if strategy is not None:
             self._check_strategy(topic, meta.get(DISPATCH_KEY, NON_RELIABLE), strategy)
         raise not_served(f"topic {topic} is not served by this broker; redo the lookup")
