@@ -18,6 +18,8 @@ from ballast.storage import (
     StorageStats,
     TieredRecord,
 )
+from ballast.storage.retention import RetentionPolicies
+from ballast.storage.ticker import Ticker
 
 
 class FlakyObjectStore:
@@ -67,6 +69,8 @@ def make_topic(
     topic: str = "/default/reliable_topic",
     stats: StorageStats | None = None,
     stream: CommitStream | None = None,
+    ticker: Ticker | None = None,
+    policies: RetentionPolicies | None = None,
 ) -> ReliableTopic:
     """A topic on `broker`, whose local WAL directory is ``root/broker``."""
     return ReliableTopic(
@@ -79,6 +83,8 @@ def make_topic(
         config=config,
         stats=stats,
         stream=stream,
+        ticker=ticker,
+        policies=policies,
     )
 
 

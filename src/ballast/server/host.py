@@ -57,6 +57,8 @@ from ballast.storage import (
     StorageStats,
     verify_shared_object_store,
 )
+from ballast.storage.retention import RetentionPolicies
+from ballast.storage.ticker import Ticker
 
 __all__ = ["DISPATCH_KEY", "DataPlaneHost"]
 
@@ -114,6 +116,12 @@ class DataPlaneHost:
         )
         self.stats = StorageStats()
         self._stream: CommitStream | None = None  # with the object store
+        # One timer per period for every topic's periodic storage work, and the
+        # namespaces' retention policies read once per upload interval for all topics.
+        self.ticker = Ticker(clock)
+        self.retention_policies = RetentionPolicies(
+            store, clock, self.storage_config.upload_interval_seconds
+        )
         self.counters = metrics if metrics is not None else DataPlaneMetrics()
         self.counters.registry.register(StorageCollector(self.stats, self._stored))
         self.directory = Directory(store, clock)
@@ -276,6 +284,8 @@ class DataPlaneHost:
                 config=self.storage_config,
                 stats=self.stats,
                 stream=self.commit_stream(),
+                ticker=self.ticker,
+                policies=self.retention_policies,
             )
             try:
                 opened = await storage.open(listing)
@@ -537,6 +547,7 @@ class DataPlaneHost:
         await self._tasks.close()
         if self._stream is not None:  # after the topics: what still waits was not acked
             await self._stream.close()
+        await self.ticker.close()
 
     async def sweep_once(self) -> None:
         """Sweep, expire subscriptions, publish pressure and retry failed openings."""

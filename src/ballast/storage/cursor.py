@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
-from ballast.aio import LoopTasks, tick
+from ballast.aio import LoopTasks
 from ballast.clock import Clock
 from ballast.metadata import keys
 from ballast.metadata.store import MetadataError, MetadataStore, Put
@@ -33,6 +33,7 @@ from ballast.model import TopicName
 from ballast.storage.config import StorageConfig
 from ballast.storage.reservation import TopicFencedError
 from ballast.storage.stats import StorageStats
+from ballast.storage.ticker import Ticker
 
 __all__ = [
     "AckRanges",
@@ -207,7 +208,9 @@ class SubscriptionCursors:
         config: StorageConfig | None = None,
         stats: StorageStats | None = None,
         writer: Callable[[str, Any], Awaitable[None]] | None = None,
+        ticker: Ticker | None = None,
     ) -> None:
+        """`ticker`: the broker's (its own otherwise), waking the flush of changed cursors."""
         self.topic = topic
         self._metadata = metadata
         # The owner's claim fences cursor writes (`TopicClaim.fenced_put`): a deposed owner
@@ -220,6 +223,8 @@ class SubscriptionCursors:
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._loops = LoopTasks()
+        self._own_ticker = ticker is None
+        self._ticker = ticker or Ticker(clock)
         self._name = f"cursors{topic}"
 
     async def load(self, subscription: str) -> CursorPosition | None:
@@ -291,6 +296,8 @@ class SubscriptionCursors:
         cursor.changes += 1
         if cursor.unwritten >= self._config.cursor_flush_acks:
             self._wake.set()
+        else:  # written at the broker's next tick (no timer of the topic's own)
+            self._ticker.soon(self._config.cursor_flush_seconds, self._wake)
 
     async def flush(self) -> int:
         """Write every cursor that changed since its last write; returns how many."""
@@ -361,14 +368,8 @@ class SubscriptionCursors:
         cursor.truncated = bool(dropped)
 
     async def __aenter__(self) -> Self:
-        await self._loops.start(
-            {
-                f"{self._name}/flush": self._loop(),
-                f"{self._name}/timer": tick(
-                    self._clock, self._config.cursor_flush_seconds, self._wake
-                ),
-            }
-        )
+        self._ticker.start(self._config.cursor_flush_seconds)
+        await self._loops.start({f"{self._name}/flush": self._loop()})
         return self
 
     async def __aexit__(
@@ -377,6 +378,9 @@ class SubscriptionCursors:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._ticker.forget(self._wake)
+        if self._own_ticker:
+            await self._ticker.close()
         try:
             await self._loops.stop(exc_type, exc, tb)
         finally:
@@ -394,6 +398,7 @@ class SubscriptionCursors:
             except MetadataError as exc:
                 # The cursors stay dirty and go out with the next tick.
                 log.warning("%s: cursor flush failed, will retry: %s", self._name, exc)
+                self._ticker.soon(self._config.cursor_flush_seconds, self._wake)
             except TopicFencedError as exc:
                 log.warning("%s: %s; cursors are no longer written here", self._name, exc)
                 return

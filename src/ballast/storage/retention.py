@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ballast.clock import Clock
 from ballast.metadata import keys
 from ballast.metadata.store import MetadataStore
 from ballast.model import TopicName
@@ -25,6 +26,7 @@ from ballast.storage.cursor import CursorError, parse_cursor
 
 __all__ = [
     "RetentionError",
+    "RetentionPolicies",
     "RetentionPolicy",
     "load_policy",
     "lowest_cursor",
@@ -143,6 +145,27 @@ async def load_policy(store: MetadataStore, namespace: str) -> RetentionPolicy:
     key = keys.retention_policy(namespace)
     kv = await store.get(key)
     return RetentionPolicy() if kv is None else RetentionPolicy.from_dict(kv.value, key)
+
+
+class RetentionPolicies:
+    """The namespaces' retention policies, each read at most once per `ttl` seconds: the
+    topics of a broker share it, so their periodic passes do not read the same key each."""
+
+    def __init__(self, store: MetadataStore, clock: Clock, ttl: float) -> None:
+        self._store = store
+        self._clock = clock
+        self._ttl = ttl
+        self._cache: dict[str, tuple[float, RetentionPolicy]] = {}
+
+    async def get(self, namespace: str) -> RetentionPolicy:
+        """The namespace's policy (`load_policy`), from the cache while it is fresh."""
+        now = self._clock.now()
+        cached = self._cache.get(namespace)
+        if cached is not None and now - cached[0] < self._ttl:
+            return cached[1]
+        policy = await load_policy(self._store, namespace)
+        self._cache[namespace] = (now, policy)
+        return policy
 
 
 async def lowest_cursor(store: MetadataStore, topic: TopicName) -> int | None:

@@ -23,13 +23,13 @@ a restart of the writer keep their object; it is never deleted while referenced.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ballast.aio import cancel_and_wait
 from ballast.clock import Clock
 from ballast.metadata.store import MetadataStore, TxnOp
 from ballast.model import TopicName
@@ -166,12 +166,8 @@ class CommitStream:
     async def close(self) -> None:
         """Stop the loops; requests still waiting fail (nothing of theirs committed)."""
         self._closed = True
-        tasks = [*self._loops, *self._tasks]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        for task in [*self._loops, *self._tasks]:
+            await cancel_and_wait(task)
         failure = ObjectStoreError("the broker's commit stream closed")
         waiting: list[asyncio.Future[Any]] = [
             *(part.done for part in self._parts),

@@ -38,6 +38,7 @@ from ballast.storage.cursor import SubscriptionCursors
 from ballast.storage.objects import ObjectStore
 from ballast.storage.reader import TieredRecord, read_tiered
 from ballast.storage.reservation import Handoff, TopicClaim, TopicFencedError
+from ballast.storage.retention import RetentionPolicies
 from ballast.storage.seal import (
     Gap,
     SealedState,
@@ -48,6 +49,7 @@ from ballast.storage.seal import (
 )
 from ballast.storage.stats import StorageStats
 from ballast.storage.stream import CommitStream
+from ballast.storage.ticker import Ticker
 from ballast.storage.uploader import Uploader
 from ballast.storage.wal import WalRecovery, WriteAheadLog
 
@@ -141,9 +143,12 @@ class ReliableTopic:
         config: StorageConfig | None = None,
         stats: StorageStats | None = None,
         stream: CommitStream | None = None,
+        ticker: Ticker | None = None,
+        policies: RetentionPolicies | None = None,
     ) -> None:
-        """`stats` and `stream` (the broker's object writes and commits, `CommitStream`)
-        are shared by the topics of one broker (the topic's own otherwise)."""
+        """`stats`, `stream` (object writes and commits), `ticker` (periodic work) and
+        `policies` (retention) are shared by the topics of one broker (the topic's own
+        otherwise)."""
         self.topic = TopicName.parse(topic)
         self.broker_id = broker_id
         self.directory = Path(data_dir) / self.topic.namespace / self.topic.name
@@ -153,6 +158,8 @@ class ReliableTopic:
         self._config = config or StorageConfig()
         self.stats = stats or StorageStats()
         self._stream = stream
+        self._ticker = ticker
+        self._policies = policies
         self._status = TopicStatus.NEW
         self._stack: contextlib.AsyncExitStack | None = None
         self._wal: WriteAheadLog | None = None
@@ -311,6 +318,8 @@ class ReliableTopic:
             claim=claim,
             catalog=catalog,
             stream=stream,
+            ticker=self._ticker,
+            policies=self._policies,
         )
         cursors = SubscriptionCursors(
             self.topic,
@@ -319,6 +328,7 @@ class ReliableTopic:
             config=self._config,
             stats=self.stats,
             writer=claim.fenced_put,
+            ticker=self._ticker,
         )
         await stack.enter_async_context(claim)  # first in, last out: after the WAL stops
         await stack.enter_async_context(wal)

@@ -43,7 +43,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Self, TypeVar
 
-from ballast.aio import LoopTasks, tick
+from ballast.aio import LoopTasks
 from ballast.clock import Clock
 from ballast.metadata import keys
 from ballast.metadata.store import Delete, MetadataError, MetadataStore, Put, TxnOp
@@ -63,14 +63,15 @@ from ballast.storage.objects import ObjectBuilder, ObjectStore, ObjectStoreError
 from ballast.storage.reservation import TopicClaim, TopicFencedError
 from ballast.storage.retention import (
     RetentionError,
+    RetentionPolicies,
     RetentionPolicy,
-    load_policy,
     lowest_cursor,
     releasable,
 )
 from ballast.storage.seal import Gap, gap_end_after
 from ballast.storage.stats import StorageStats
 from ballast.storage.stream import CommitStream, object_name
+from ballast.storage.ticker import Ticker
 from ballast.storage.wal import OffsetUnavailableError, WalClosedError, WriteAheadLog
 
 __all__ = ["DurabilityTimeoutError", "UploadConflictError", "Uploader"]
@@ -93,6 +94,9 @@ RETRYABLE: tuple[type[BaseException], ...] = (
 _MERGE_MAX = 100
 _COMMIT_BATCH = 100
 _INDEX_CHUNK = 100  # descriptor keys removed per transaction (etcd: 128 operations)
+# An idle topic whose objects retention could release is looked at every this many upload
+# intervals (a policy set meanwhile applies then).
+_POLICY_LOOKS_EVERY = 10
 
 
 class UploadConflictError(Exception):
@@ -126,9 +130,12 @@ class Uploader:
         claim: TopicClaim | None = None,
         catalog: ObjectCatalog | None = None,
         stream: CommitStream | None = None,
+        ticker: Ticker | None = None,
+        policies: RetentionPolicies | None = None,
     ) -> None:
-        """With a `claim`, objects are written and committed through `stream` (the
-        broker's, shared by its topics)."""
+        """With a `claim`, objects are written and committed through `stream`; `ticker`
+        wakes the periodic work and `policies` caches the namespaces' retention (all three
+        the broker's, shared by its topics; the uploader's own otherwise)."""
         if claim is not None and stream is None:
             raise ValueError(f"uploader{topic}: a claimed topic commits through a CommitStream")
         self.topic = topic
@@ -139,6 +146,12 @@ class Uploader:
         self._config = config or StorageConfig()
         self._stats = stats or StorageStats()
         self._stream = stream
+        self._own_ticker = ticker is None
+        self._ticker = ticker or Ticker(clock)
+        self._policies = policies or RetentionPolicies(
+            metadata, clock, self._config.upload_interval_seconds
+        )
+        self._retaining = False  # the namespace's policy may release objects
         self._checkpoint = checkpoint
         self._written = checkpoint  # highest offset written to an object (committed or not)
         # With a claim: what was written and waits for its commit, in offset order (a
@@ -186,6 +199,8 @@ class Uploader:
             self._wal.unuploaded_bytes >= self._config.upload_threshold_bytes
         ):
             self._wake.set()
+        else:  # the background mover: at the next tick
+            self._ticker.soon(self._config.upload_interval_seconds, self._wake)
 
     async def wait_committed(self, offset: int, timeout: float) -> None:
         """Return once `offset` is committed to object storage.
@@ -237,18 +252,15 @@ class Uploader:
                 waiter.set_result(None)
 
     async def __aenter__(self) -> Self:
-        loops = {
-            f"{self._name}/loop": self._loop(),
-            f"{self._name}/timer": tick(
-                self._clock, self._config.upload_interval_seconds, self._wake
-            ),
-        }
+        self._ticker.start(self._config.upload_interval_seconds)
+        loops = {f"{self._name}/loop": self._loop()}
         if self._claim is not None:
             loops[f"{self._name}/commit"] = self._commit_loop()
         await self._loops.start(loops)
         self._wal.set_upload_trigger(self.trigger)
         if self._wal.committed_offset > self._checkpoint:
             self._wake.set()  # kept local records (a restart): commit them
+        self._rearm()  # objects left to merge or retain by earlier owners
         return self
 
     async def __aexit__(
@@ -262,6 +274,9 @@ class Uploader:
         # (which may never move again): cancel them.
         self._stopped = True
         self._notify()
+        self._ticker.forget(self._wake)
+        if self._own_ticker:
+            await self._ticker.close()
         await self._loops.stop(exc_type, exc, tb)
 
     async def _loop(self) -> None:
@@ -291,6 +306,7 @@ class Uploader:
                     await self._collect_garbage()
                 await self._wal.apply_retention()
                 delay = self._config.upload_retry_initial_seconds
+                self._rearm()
             except TopicFencedError as exc:
                 self._failure = exc
                 self._notify()
@@ -306,6 +322,21 @@ class Uploader:
                 await self._clock.sleep(delay)
                 delay = min(delay * 2, self._config.upload_retry_max_seconds)
                 self._wake.set()
+
+    def _rearm(self) -> None:
+        """Ask the broker's ticker for another pass if periodic work is pending (an idle
+        topic with nothing pending asks nothing: it is never woken)."""
+        interval = self._config.upload_interval_seconds
+        if self._claim is None:
+            pending = self._wal.committed_offset > self._checkpoint
+        else:
+            pending = len(self._small) > 1 or bool(self._garbage) or self._retaining
+        if pending or self._wal.segment_count > 1:
+            self._ticker.soon(interval, self._wake)
+        elif self._claim is not None and self.stored_objects > 1:
+            # Retention may apply once a policy is set (it keeps the newest object): look
+            # again now and then.
+            self._ticker.soon(interval * _POLICY_LOOKS_EVERY, self._wake)
 
     async def drain(self) -> int:
         """Upload everything committed so far; returns the checkpoint (used by seal)."""
@@ -637,10 +668,11 @@ class Uploader:
             return
         self._last_retention = now
         try:
-            policy = await load_policy(self._metadata, self.topic.namespace)
+            policy = await self._policies.get(self.topic.namespace)
         except RetentionError as exc:  # a malformed policy keeps everything, loudly
             log.error("%s: retention not applied: %s", self._name, exc)
             return
+        self._retaining = not policy.keeps_everything
         if policy.keeps_everything:
             return
         lowest = await lowest_cursor(self._metadata, self.topic)
