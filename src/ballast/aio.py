@@ -59,10 +59,12 @@ class TaskOwner:
     `close()` cancels every task and waits for them, re-raising a crash as the task group's
     `ExceptionGroup` (a crashed task is never silently gone), or, for a task started with
     `spawn_contained`, logging its failure and letting the others go on. Services
-    (`cluster.service`), periodic loops (`LoopTasks`), `LocalCluster`, the console, the
-    WAL and the data-plane host (openings, readers, relays, its sweep) all own their tasks
+    (`cluster.service`), periodic loops (`LoopTasks`), `LocalCluster`, the console and
+    the data-plane host (openings, readers, relays, its sweep) all own their tasks
     through it. Bare tasks remain only where one call awaits them itself (the gateway's
-    stream pumps, a claim's in-flight extension), as futures of that call.
+    stream pumps, a claim's in-flight extension), as futures of that call, and in the
+    broker's write-ahead log (`storage.log.BrokerLog`: opened by whichever topic comes
+    first, closed by the host, so no one caller's task group could own them).
     """
 
     def __init__(self, owner: str) -> None:

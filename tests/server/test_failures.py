@@ -107,10 +107,12 @@ async def test_a_topic_whose_wal_fails_is_released_and_served_elsewhere(
     b2 = await cluster.start_broker("b2")
     storage = b1.host.topics[TOPIC].storage  # type: ignore[attr-defined]
 
-    async def broken_disk(batch: Any) -> None:
+    async def broken_disk(data: bytes, sync: bool) -> None:
         raise OSError(5, "Input/output error")
 
-    storage._wal._write = broken_disk
+    # The broker's one log fails: every topic of b1 is released (here, the one topic).
+    assert storage._wal.log is b1.host.broker_log()
+    b1.host.broker_log()._write = broken_disk  # type: ignore[method-assign]
     # The client gets UNAVAILABLE, looks up again and sends to the new owner.
     for i in range(5, 10):
         await asyncio.wait_for(producer.send(f"m{i}".encode()), 30)

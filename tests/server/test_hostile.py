@@ -27,6 +27,7 @@ from ballast.server.auth import Permission, TokenAuthority
 from ballast.server.cluster_calls import ClusterDialer
 from ballast.server.protocol import CLIENT_CONSUMER, CLIENT_PRODUCER, pb, pb_grpc
 from ballast.storage import StorageConfig, WriteAheadLog
+from ballast.storage.log import BrokerLog
 from tests.etcd_fixtures import EtcdServer
 from tests.server.certs import Pki, make_pki
 from tests.server.helpers import (
@@ -475,19 +476,21 @@ async def test_namespace_quotas_from_the_cli(
 async def test_big_messages_keep_the_wal_cache_within_its_byte_budget(tmp_path: Path) -> None:
     budget = 64 * 1024
     config = StorageConfig(cache_messages=8192, cache_bytes=budget)
-    wal = WriteAheadLog(tmp_path / "wal", clock=FakeClock(), config=config)
-    await wal.recover()
-    await wal.open(0)
-    async with wal:
-        for i in range(100):
-            await wal.append(bytes([i]) * 10_000)
-            assert wal.cache_bytes <= budget  # far below 8192 records
-        assert wal.cache_bytes > 0
-        # Everything reads back, the old records from the files.
-        first = await wal.read(0, 1)
-        assert first[0].payload == b"\x00" * 10_000
-        last = await wal.read(99, 1)
-        assert last[0].payload == b"\x63" * 10_000
+    clock = FakeClock()
+    async with BrokerLog(tmp_path / "wal", clock=clock, config=config) as broker_log:
+        wal = WriteAheadLog(broker_log, "/default/big", clock=clock, config=config)
+        await wal.recover()
+        await wal.open(0)
+        async with wal:
+            for i in range(100):
+                await wal.append(bytes([i]) * 10_000)
+                assert wal.cache_bytes <= budget  # far below 8192 records
+            assert wal.cache_bytes > 0
+            # Everything reads back, the old records from the files.
+            first = await wal.read(0, 1)
+            assert first[0].payload == b"\x00" * 10_000
+            last = await wal.read(99, 1)
+            assert last[0].payload == b"\x63" * 10_000
 
 
 async def test_an_abandoned_subscription_expires_with_its_cursor(

@@ -24,6 +24,7 @@ from ballast.storage import (
     load_catalog,
     read_object,
 )
+from ballast.storage.log import BrokerLog
 
 from .helpers import FlakyObjectStore, payload
 
@@ -52,12 +53,13 @@ class FlakyMetadata:
 async def wal(
     tmp_path: Path, clock: FakeClock, config: StorageConfig
 ) -> AsyncIterator[WriteAheadLog]:
-    log = WriteAheadLog(tmp_path / "wal", clock=clock, config=config)
-    await log.recover()
-    await log.open(0)
-    async with log:
-        await log.append_batch([Message(payload(o)) for o in range(60)])
-        yield log
+    async with BrokerLog(tmp_path / "wal", clock=clock, config=config) as broker_log:
+        log = WriteAheadLog(broker_log, str(TOPIC), clock=clock, config=config)
+        await log.recover()
+        await log.open(0)
+        async with log:
+            await log.append_batch([Message(payload(o)) for o in range(60)])
+            yield log
 
 
 async def offsets_in_objects(metadata: MemoryStore, store: FsspecObjectStore) -> list[int]:

@@ -57,6 +57,7 @@ from ballast.storage import (
     StorageStats,
     verify_shared_object_store,
 )
+from ballast.storage.log import BrokerLog
 from ballast.storage.retention import RetentionPolicies
 from ballast.storage.ticker import Ticker
 
@@ -116,6 +117,7 @@ class DataPlaneHost:
         )
         self.stats = StorageStats()
         self._stream: CommitStream | None = None  # with the object store
+        self._log: BrokerLog | None = None  # recovered with the first reliable topic
         # One timer per period for every topic's periodic storage work, and the
         # namespaces' retention policies read once per upload interval for all topics.
         self.ticker = Ticker(clock)
@@ -179,6 +181,21 @@ class DataPlaneHost:
                 stats=self.stats,
             )
         return self._stream
+
+    def broker_log(self) -> BrokerLog:
+        """The broker's write-ahead log, shared by its reliable topics (one directory,
+        one open file, one group commit whatever the number of topics)."""
+        if self._log is None:
+            # "_log" cannot be a namespace (names start with a letter or digit): no clash
+            # with the per-topic directories older versions left in `wal_dir`.
+            self._log = BrokerLog(
+                self.wal_dir / "_log",
+                clock=self.clock,
+                config=self.storage_config,
+                stats=self.stats,
+                name=f"log/{self.broker_id}",
+            )
+        return self._log
 
     async def verify_object_store(self) -> None:
         """Raise `ObjectStoreMismatchError` unless this broker uses the cluster's store."""
@@ -284,6 +301,7 @@ class DataPlaneHost:
                 config=self.storage_config,
                 stats=self.stats,
                 stream=self.commit_stream(),
+                log=self.broker_log(),
                 ticker=self.ticker,
                 policies=self.retention_policies,
             )
@@ -547,6 +565,8 @@ class DataPlaneHost:
         await self._tasks.close()
         if self._stream is not None:  # after the topics: what still waits was not acked
             await self._stream.close()
+        if self._log is not None:  # after the topics and the stream: they wrote to it
+            await self._log.close()
         await self.ticker.close()
 
     async def sweep_once(self) -> None:

@@ -35,6 +35,7 @@ from ballast.storage.catalog import load_catalog
 from ballast.storage.codec import Headers, Message
 from ballast.storage.config import AckMode, StorageConfig
 from ballast.storage.cursor import SubscriptionCursors
+from ballast.storage.log import BrokerLog
 from ballast.storage.objects import ObjectStore
 from ballast.storage.reader import TieredRecord, read_tiered
 from ballast.storage.reservation import Handoff, TopicClaim, TopicFencedError
@@ -145,6 +146,7 @@ class ReliableTopic:
         stream: CommitStream | None = None,
         ticker: Ticker | None = None,
         policies: RetentionPolicies | None = None,
+        log: BrokerLog | None = None,
     ) -> None:
         """`stats`, `stream` (object writes and commits), `ticker` (periodic work) and
         `policies` (retention) are shared by the topics of one broker (the topic's own
@@ -160,6 +162,9 @@ class ReliableTopic:
         self._stream = stream
         self._ticker = ticker
         self._policies = policies
+        # The broker's write-ahead log, shared by its topics (None: a private one, made on
+        # open in `directory`).
+        self._log = log
         self._status = TopicStatus.NEW
         self._stack: contextlib.AsyncExitStack | None = None
         self._wal: WriteAheadLog | None = None
@@ -231,8 +236,20 @@ class ReliableTopic:
     async def _open(
         self, stack: contextlib.AsyncExitStack, listed: Awaitable[Listing] | None
     ) -> OpenResult:
+        broker_log = self._log
+        if broker_log is None:  # a topic of its own (tests, tools): its own log
+            broker_log = BrokerLog(
+                self.directory,
+                clock=self._clock,
+                config=self._config,
+                stats=self.stats,
+                name=f"log{self.topic}",
+                private=True,
+            )
+            stack.push_async_callback(broker_log.close)  # after the WAL's close_files
         wal = WriteAheadLog(
-            self.directory,
+            broker_log,
+            str(self.topic),
             clock=self._clock,
             config=self._config,
             stats=self.stats,
