@@ -54,6 +54,7 @@ from ballast.cluster import AdminClient
 from ballast.metadata.etcd import EtcdStore
 from ballast.model import Move, TopicName
 from ballast.storage import FsspecObjectStore, load_catalog
+from ballast.storage.stream import SHARED_PREFIX
 from tests.etcd_fixtures import EtcdServer, TcpProxy, free_port
 from tests.server.procs import started
 
@@ -76,6 +77,7 @@ class Outcome:
     consumer_pause_s: float = 0.0
     send_errors: int = 0
     lost_examples: list[str] = field(default_factory=list)
+    failover_s: float = 0.0  # a host loss: until every topic had a new owner
 
     @property
     def ok(self) -> bool:
@@ -140,10 +142,21 @@ class S3:
 class FaultRun:
     """One cluster for one run of one case (see the module docstring)."""
 
-    def __init__(self, case: str, root: Path, *, s3: bool = False) -> None:
+    def __init__(
+        self,
+        case: str,
+        root: Path,
+        *,
+        s3: bool = False,
+        storage: dict[str, Any] | None = None,
+        ttl: float = TTL,
+    ) -> None:
+        self.ttl = ttl
         self.case = case
         self.root = root
         self.use_s3 = s3
+        self.storage = storage or {}  # the case's storage settings
+        self.failover_s = 0.0  # set by a fault that measures it
         self.etcd = EtcdServer()
         self.s3: S3 | None = None
         self.store: EtcdStore | None = None
@@ -160,7 +173,11 @@ class FaultRun:
     # -- the cluster -----------------------------------------------------------------------
 
     def _config(self, name: str, data_dir: Path) -> Path:
-        storage: dict[str, Any] = {"data_dir": str(data_dir), "upload_interval_seconds": 2.0}
+        storage: dict[str, Any] = {
+            "data_dir": str(data_dir),
+            "upload_interval_seconds": 2.0,
+            **self.storage,
+        }
         if self.s3 is not None:
             storage["object_store"] = f"s3://{S3.BUCKET}/{self.case}"
             storage["object_store_options"] = self.s3.options()
@@ -172,7 +189,7 @@ class FaultRun:
                 "assignment_strategy": "fair",
                 "rebalancing": {"enabled": False, "seal_timeout_seconds": SEAL_TIMEOUT},
             },
-            "broker": {"registration_ttl_seconds": TTL, "leader_ttl_seconds": TTL},
+            "broker": {"registration_ttl_seconds": self.ttl, "leader_ttl_seconds": self.ttl},
             "history": {"enabled": False},
             "metrics": {"enabled": False},
             "storage": storage,
@@ -268,9 +285,14 @@ class FaultRun:
 
     async def create_topics(self, names: list[str], owner: str) -> None:
         admin = self.admin
-        for name in names:
-            await admin.create_topic(name, hint=owner, meta={"dispatch_strategy": "reliable"})
-        deadline = time.monotonic() + 30
+        for start in range(0, len(names), 50):  # a thousand topics in a few seconds
+            await asyncio.gather(
+                *(
+                    admin.create_topic(name, hint=owner, meta={"dispatch_strategy": "reliable"})
+                    for name in names[start : start + 50]
+                )
+            )
+        deadline = time.monotonic() + 30 + len(names) / 20
         while time.monotonic() < deadline:
             view = await admin.view()
             if all(view.owner(n) == owner for n in names):
@@ -513,8 +535,9 @@ async def fault_partition(run: FaultRun, topics: list[str]) -> None:
     await asyncio.sleep(3)
 
 
-async def _uncommitted_objects(run: FaultRun, topics: list[str]) -> int:
-    """Message objects in the shared store that no committed descriptor names."""
+async def _uncommitted_objects(run: FaultRun, topics: list[str], shared: bool = False) -> int:
+    """Message objects in the shared store that no committed descriptor names (`shared`:
+    only objects of the broker's commit stream holding several topics' parts)."""
     assert run.store is not None
     root = run.root / "objects"
     objects = FsspecObjectStore(str(root))
@@ -522,7 +545,12 @@ async def _uncommitted_objects(run: FaultRun, topics: list[str]) -> int:
     for topic in topics:
         catalog = await load_catalog(run.store, TopicName.parse(topic), objects=objects)
         named.update(d.object_id for d in catalog.objects)
-    return sum(1 for p in root.rglob("*.bobj") if p.relative_to(root).as_posix() not in named)
+    found = [p.relative_to(root).as_posix() for p in root.rglob("*.bobj")]
+    return sum(
+        1
+        for name in found
+        if name not in named and (not shared or name.startswith(f"{SHARED_PREFIX}/"))
+    )
 
 
 async def fault_crash_before_commit(run: FaultRun, topics: list[str]) -> None:
@@ -539,11 +567,62 @@ async def fault_crash_before_commit(run: FaultRun, topics: list[str]) -> None:
     await _wait(lambda: _all_moved(run, topics, "b2"), 30, "failover")
 
 
+async def fault_crash_before_shared_commit(run: FaultRun, topics: list[str]) -> None:
+    """Many busy topics: the owner writes objects shared by several of them (its writes are
+    paced, so each carries every topic's part) that it cannot commit (etcd is cut off from
+    it); then its host is lost. Each topic's part is an orphan, nothing was acknowledged."""
+    await run.proxies["b2"].cut()
+    shared = 0
+    deadline = time.monotonic() + 5
+    while shared == 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        shared = await _uncommitted_objects(run, topics, shared=True)
+    assert shared > 0, "no shared object was written while the owner could not commit"
+    await run.kill_host("b2")
+    await run.start_broker("b3")
+    await _wait(lambda: _all_moved(run, topics, "b2"), 30, "failover")
+
+
+async def fault_fenced_in_shared_commit(run: FaultRun, topics: list[str]) -> None:
+    """The owner stalls; one of its busy topics is moved away meanwhile (forced after the
+    seal timeout); the owner wakes up with sends of every topic waiting for one shared
+    commit: the moved topic fails alone (fenced), the others commit and go on here."""
+    run.signal("b2", signal.SIGSTOP)
+    moved, stays = topics[0], topics[1:]
+    outcomes = await run.admin.apply_plan(
+        {"moves": [Move(moved, "b2", "b1", "LoadImbalance").to_dict()]}
+    )
+    assert all(o.applied for o in outcomes), outcomes
+    await _wait(lambda: _all_moved(run, [moved], "b2"), 30, "the forced move")
+    run.signal("b2", signal.SIGCONT)
+    await asyncio.sleep(3)
+    view = await run.admin.view()
+    assert all(view.owner(t) == "b2" for t in stays), "the other topics left the owner"
+
+
+async def fault_kill_many(run: FaultRun, topics: list[str]) -> None:
+    """The host of a thousand topics is lost (four of them busy); the survivors take every
+    one over within the registration TTL and a few seconds."""
+    idle = [f"/default/idle-{i:04d}" for i in range(MANY_TOPICS)]
+    began = time.monotonic()
+    await run.kill_host("b2")
+    await _wait(lambda: _all_moved(run, [*topics, *idle], "b2"), TTL + 60, "failover")
+    run.failover_s = time.monotonic() - began
+
+
 @dataclass(frozen=True)
 class Case:
     fault: Fault
     topics: int = 2
     s3: bool = False
+    storage: dict[str, Any] = field(default_factory=dict)  # broker storage settings
+    ttl: float = TTL  # the brokers' registration TTL
+    idle_topics: int = 0  # on the victim besides the busy ones, without traffic
+
+
+# Object writes paced so that each round carries every busy topic's part (a shared object).
+_PACED = {"max_object_writes_per_second": 20.0}
+MANY_TOPICS = 1000
 
 
 CASES: dict[str, Case] = {
@@ -557,6 +636,10 @@ CASES: dict[str, Case] = {
     "object_store_outage": Case(fault_object_store, s3=True),
     "partition_from_etcd": Case(fault_partition),
     "crash_before_commit": Case(fault_crash_before_commit),
+    "crash_before_shared_commit": Case(fault_crash_before_shared_commit, 8, storage=_PACED),
+    # A TTL well above the stall: the owner keeps its registration and its other topics.
+    "fenced_in_shared_commit": Case(fault_fenced_in_shared_commit, 6, storage=_PACED, ttl=15),
+    "host_lost_with_1000_topics": Case(fault_kill_many, 4, idle_topics=MANY_TOPICS),
 }
 
 
@@ -565,11 +648,15 @@ async def run_case(name: str, root: Path | None = None, warmup: float = 2.0) -> 
     case = CASES[name]
     own_root = root is None
     root = root or Path(tempfile.mkdtemp(prefix=f"ballast-fault-{name}-"))
-    run = FaultRun(name, root, s3=case.s3)
+    run = FaultRun(name, root, s3=case.s3, storage=case.storage, ttl=case.ttl)
     try:
         await run.start()
         topics = [f"/default/{name.replace('_', '-')}-{i}" for i in range(case.topics)]
         await run.create_topics(topics, owner="b2")
+        if case.idle_topics:
+            await run.create_topics(
+                [f"/default/idle-{i:04d}" for i in range(case.idle_topics)], owner="b2"
+            )
         workload = Workload(run.gateway, topics)
         await workload.start()
         await asyncio.sleep(warmup)
@@ -579,7 +666,9 @@ async def run_case(name: str, root: Path | None = None, warmup: float = 2.0) -> 
         ended = time.monotonic()
         await workload.finish()
         await workload.read_audit()
-        return workload.check(name, (started, ended))
+        outcome = workload.check(name, (started, ended))
+        outcome.failover_s = round(run.failover_s, 2)
+        return outcome
     finally:
         await run.close()
         if own_root:

@@ -30,6 +30,7 @@ def summary(outcomes: list[Outcome]) -> dict[str, Any]:
         "send_errors": sum(o.send_errors for o in outcomes),
         "producer_pause_max_s": max((o.producer_pause_s for o in outcomes), default=0.0),
         "consumer_pause_max_s": max((o.consumer_pause_s for o in outcomes), default=0.0),
+        "failover_max_s": max((o.failover_s for o in outcomes), default=0.0),
         "failed_runs": [
             {"lost": o.lost, "conflicts": o.conflicts, "examples": o.lost_examples}
             for o in outcomes

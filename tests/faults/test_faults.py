@@ -19,6 +19,7 @@ pytestmark = pytest.mark.timeout(120)
         "unload_during_stall",
         "object_store_outage",
         "crash_before_commit",
+        "crash_before_shared_commit",
     ],
 )
 async def test_acknowledged_means_kept(case: str) -> None:

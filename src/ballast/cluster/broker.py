@@ -71,6 +71,10 @@ from ballast.storage import Handoff, SealError
 
 log = logging.getLogger(__name__)
 
+# Topics sealed at once (a drain, a rebalance of many topics): each seal is a few metadata
+# and object-store round trips, which overlap; more at once would only queue in the stores.
+_SEALS_AT_ONCE = 64
+
 
 class MarkerHandoff:
     """A move's marker handed off in the seal's own transaction (`Handoff`): placed on the
@@ -157,6 +161,7 @@ class BrokerNode(Service):
         self._host_lock = asyncio.Lock()
         self._unsealed: dict[str, str] = {}  # topic -> why the host could not seal it
         self._leaving: dict[str, asyncio.Task[None]] = {}  # topic -> its seal under way
+        self._seals = asyncio.Semaphore(_SEALS_AT_ONCE)
         self._resync = asyncio.Event()
         self._retry_scheduled = False
 
@@ -214,11 +219,14 @@ class BrokerNode(Service):
             for leaving in list(self._leaving.values()):
                 with contextlib.suppress(Exception):
                     await leaving
-            for topic in sorted(self.serving):
+
+            async def unload(topic: str) -> None:
                 try:
                     await self.host.unload(topic)
                 except Exception:
                     log.exception("%s: unloading %s on shutdown failed", self.name, topic)
+
+            await self._side_by_side(sorted(self.serving), unload)
             self.serving.clear()
         lease, self.lease = self.lease, None
         self.registered.clear()
@@ -228,6 +236,17 @@ class BrokerNode(Service):
                 await self.store.revoke_lease(lease.id)
             except MetadataError as exc:
                 log.warning("%s: revoke on shutdown failed (lease will expire): %s", self.name, exc)
+
+    async def _side_by_side(
+        self, topics: list[str], unload: Callable[[str], Awaitable[object]]
+    ) -> None:
+        """`unload` every topic, at most `_SEALS_AT_ONCE` at a time."""
+
+        async def one(topic: str) -> None:
+            async with self._seals:
+                await unload(topic)
+
+        await asyncio.gather(*(one(topic) for topic in topics))
 
     # -- registration --------------------------------------------------------------------
 
@@ -250,9 +269,9 @@ class BrokerNode(Service):
             self.lease = None
             log.warning("%s: registration lost; dropping %d topics", self.name, len(self.serving))
             async with self._host_lock:
-                for topic in sorted(self.serving):
-                    self.serving.discard(topic)
-                    await self._unload(topic, serving=True)
+                dropped = sorted(self.serving)
+                self.serving.clear()
+                await self._side_by_side(dropped, lambda t: self._unload(t, serving=True))
             while self.lease is None:
                 try:
                     await self._register()
@@ -368,11 +387,13 @@ class BrokerNode(Service):
             if isinstance(effect, Load):
                 await self._load(effect)
             elif isinstance(effect, Unload):
-                # Shielded: a graceful stop lets the seal finish (`_stop` awaits it).
+                # Not awaited here: the next events are handled while the topic seals,
+                # so a drain of a thousand topics seals them side by side (at most
+                # `_SEALS_AT_ONCE`), not one after another. A graceful stop and a later
+                # load of the same topic wait for the seal (`_stop`, `_load`).
                 leaving = asyncio.ensure_future(self._leave(effect))
                 self._leaving[effect.topic] = leaving
                 leaving.add_done_callback(functools.partial(self._left, effect.topic))
-                await asyncio.shield(leaving)
             elif isinstance(effect, GiveBack):
                 result = await self.store.txn(effect.compares, effect.ops)
                 if result.succeeded:
@@ -384,6 +405,10 @@ class BrokerNode(Service):
                 log.warning("%s: %s", self.name, effect.message)
 
     async def _load(self, effect: Load) -> None:
+        leaving = self._leaving.get(effect.topic)
+        if leaving is not None:  # moved back before its seal here ended: that seal first
+            with contextlib.suppress(Exception):
+                await asyncio.shield(leaving)
         try:
             await self.host.load(effect.topic, effect.marker)
         except Exception as exc:
@@ -396,6 +421,9 @@ class BrokerNode(Service):
     def _left(self, topic: str, task: asyncio.Task[None]) -> None:
         if self._leaving.get(topic) is task:
             del self._leaving[topic]
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self._loop_error("unload", exc)  # e.g. the marker could not be made ready
+            self._retry_later()
 
     async def _leave(self, effect: Unload) -> None:
         """Seal the topic and hand its marker off (placed on the destination the move
@@ -411,7 +439,8 @@ class BrokerNode(Service):
         )
         sealed = False
         try:
-            sealed = await self._unload(effect.topic, effect.serving, handoff)
+            async with self._seals:
+                sealed = await self._unload(effect.topic, effect.serving, handoff)
         finally:
             if not sealed:
                 await cancel_and_wait(marker)
