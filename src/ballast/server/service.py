@@ -85,8 +85,8 @@ def _owned(binding: Binding | None, needed: tuple[Permission, ...], what: str) -
 
 
 # A new topic's first producer waits for its placement in steps of this, looking for an
-# owner elsewhere in between (then the client is sent on at once).
-_PLACEMENT_POLL_SECONDS = 0.05
+# owner elsewhere in between (then the client is sent on; the assignment here wakes it at once).
+_PLACEMENT_POLL_SECONDS = 0.2
 _PRODUCE = (Permission.PRODUCE,)
 _CONSUME = (Permission.CONSUME,)
 
