@@ -16,6 +16,9 @@ the broker under ``ulimit -n`` `--nofile` (1 024: the usual default). Reported:
   the run ÷ messages); object writes and descriptor commits (etcd transactions) per second.
 - ``active_topics``: the same 32 senders cycling over 1, 32 and `--active` topics: object
   writes and commits per second must not grow with the number of topics.
+- ``drain``: a second broker and a gateway start; 32 of the topics take sends through the
+  gateway while the first broker is drained: how long until every topic it had is owned
+  by the second, and each live topic's longest pause between acknowledgements.
 
 Prints one JSON document. `--quick` (the test suite's run): 50 topics, 0.3 s runs.
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import resource
 import sys
@@ -39,9 +43,11 @@ import psutil
 from danube import DispatchStrategy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ballast.cluster import AdminClient
 from ballast.metadata.etcd import EtcdStore
 from benchmarks import bench_dataplane as dataplane
 from benchmarks.cli import emit, parse_args
+from benchmarks.processes import Processes
 from tests.etcd_fixtures import free_port
 
 PAYLOAD = b"x" * 1024
@@ -188,6 +194,65 @@ async def senders(
     }
 
 
+async def drain(
+    store: EtcdStore, etcd_url: str, config: Path, logs: Path, live: list[str], hold: float
+) -> dict[str, Any]:
+    """Drain the broker (every topic it has) onto a second one while `live` topics take
+    sends through a gateway: the drain's duration and each live topic's longest pause."""
+    more = Processes(etcd_url, config, store, logs)
+    try:
+        await more.start_broker("topics-2")
+        client = await dataplane.client_for(await more.start_gateway())
+        producers = []
+        for topic in live:
+            producer = (
+                client.new_producer()
+                .with_topic(topic)
+                .with_name("drained")
+                .with_dispatch_strategy(DispatchStrategy.RELIABLE)
+                .build()
+            )
+            await producer.create()
+            producers.append(producer)
+        acked: dict[int, list[float]] = {i: [] for i in range(len(producers))}
+        stop = False
+
+        async def send(i: int) -> None:
+            while not stop:
+                await producers[i].send(PAYLOAD)
+                acked[i].append(time.perf_counter())
+
+        tasks = [asyncio.create_task(send(i)) for i in range(len(producers))]
+        await asyncio.sleep(hold)
+        admin = AdminClient(store)
+        moving = set((await admin.view()).topics_of("topics-1"))
+        began = time.perf_counter()
+        await admin.drain("topics-1")
+        while True:
+            view = await admin.view()
+            if not any(view.owner(t) in (None, "topics-1") for t in moving):
+                break
+            await asyncio.sleep(0.2)
+        drained = time.perf_counter() - began
+        await asyncio.sleep(hold)
+        stop = True
+        await asyncio.gather(*tasks)
+        pauses = [
+            max((b - a for a, b in itertools.pairwise(times) if b >= began), default=0.0)
+            for times in acked.values()
+        ]
+        return {
+            "topics": len(moving),
+            "live_topics": len(live),
+            "drain_s": round(drained, 2),
+            "pause_p50_s": round(pct(pauses, 0.5), 3),
+            "pause_p99_s": round(pct(pauses, 0.99), 3),
+            "pause_max_s": round(max(pauses, default=0.0), 3),
+        }
+    finally:
+        await more.close()
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     # The broker inherits it: it must serve every topic under the usual default.
@@ -243,6 +308,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 for n in sorted({1, 32, active})
             }
             out["broker_alive"] = child.returncode is None
+            if args.drain:
+                live = [f"/default/hot-{i:02d}" for i in range(32)]
+                second = dataplane.write_config(  # no metrics port: the first one has it
+                    tmp / "second.yaml",
+                    {"data_dir": str(tmp / "data"), "object_store": str(tmp / "objects")},
+                )
+                out["drain"] = await drain(
+                    store, server.client_url, second, tmp / "logs", live, max(args.duration, 1)
+                )
     finally:
         await procs.close()
     out["load_average"] = [round(x, 1) for x in os.getloadavg()]
@@ -269,6 +343,12 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per send run")
     parser.add_argument("--idle-seconds", type=float, default=10.0, help="idle CPU window")
     parser.add_argument("--nofile", type=int, default=1024, help="the broker's ulimit -n")
+    parser.add_argument(
+        "--no-drain",
+        dest="drain",
+        action="store_false",
+        help="skip the drain of every topic onto a second broker (through a gateway)",
+    )
     args = parse_args(
         parser,
         quick={"topics": 50, "clients": 8, "active": 50, "duration": 0.3, "idle_seconds": 1.0},
