@@ -109,6 +109,8 @@ class CommitStream:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._closed = False
+        self._shared_last = False  # the last object held several topics' parts
+        self._together = False  # the last transaction held several topics' commits
         # Shared objects this broker wrote -> (topic, start) of the parts still referred to.
         self._refs: dict[str, set[tuple[TopicName, int]]] = {}
 
@@ -189,8 +191,13 @@ class CommitStream:
                 await self._in_flight.acquire()
                 if await self._pacer.turn():
                     self._stats.object_write_waits += 1
+                elif self._shared_last and self._config.commit_linger_seconds > 0:
+                    # Topics were sending together: let the others' parts of this moment
+                    # join (a lone topic never waits).
+                    await asyncio.sleep(self._config.commit_linger_seconds)
                 # Whatever arrived while waiting for a turn goes in this object too.
                 parts = self._take_parts()
+                self._shared_last = len(parts) > 1
                 task = asyncio.get_running_loop().create_task(self._write(parts))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
@@ -241,7 +248,14 @@ class CommitStream:
             await self._wake_committer.wait()
             self._wake_committer.clear()
             while self._commits:
+                if (
+                    len(self._commits) == 1
+                    and self._together
+                    and self._config.commit_linger_seconds
+                ):
+                    await asyncio.sleep(self._config.commit_linger_seconds)  # as in `_writer`
                 commits, self._commits = self._commits, []
+                self._together = len(commits) > 1
                 try:
                     results = await commit_together(
                         self._metadata, [(c.claim, c.ops) for c in commits], self._stats
