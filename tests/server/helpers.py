@@ -26,6 +26,7 @@ from ballast.server import DataPlaneHost, DataPlaneServer
 from ballast.server.directory import DEFAULT_NAMESPACE
 from ballast.server.metrics import DataPlaneMetrics
 from ballast.storage import FsspecObjectStore, ObjectStore
+from ballast.storage.objects import StoredObject
 
 __all__ = [
     "DataBroker",
@@ -239,3 +240,6 @@ class GatedObjects:
 
     async def delete(self, name: str) -> None:
         await self.inner.delete(name)
+
+    async def list(self, prefix: str) -> list[StoredObject]:
+        return await self.inner.list(prefix)

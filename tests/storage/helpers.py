@@ -18,6 +18,7 @@ from ballast.storage import (
     StorageStats,
     TieredRecord,
 )
+from ballast.storage.objects import StoredObject
 from ballast.storage.retention import RetentionPolicies
 from ballast.storage.ticker import Ticker
 
@@ -56,6 +57,9 @@ class FlakyObjectStore:
 
     async def delete(self, name: str) -> None:
         await self.inner.delete(name)
+
+    async def list(self, prefix: str) -> list[StoredObject]:
+        return await self.inner.list(prefix)
 
 
 def make_topic(

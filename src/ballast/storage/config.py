@@ -70,6 +70,9 @@ class StorageConfig:
     # `WritePacer`): beyond it objects get fuller, not more numerous.
     max_object_writes_per_second: float = 500.0
     merge_grace_seconds: float = 30.0  # merged objects are deleted this long after
+    # A shared object (several topics' parts) that no topic refers to any more and that a
+    # restart or a move kept its writer from deleting at once goes after this long.
+    shared_object_grace_seconds: float = 3600.0
     # Descriptor keys a topic may have in the metadata store before the older ones move
     # into its index object (a quarter of this many stay keys).
     catalog_keys: int = 64
@@ -103,6 +106,7 @@ class StorageConfig:
             "merge_objects": self.merge_objects,
             "max_object_writes_per_second": self.max_object_writes_per_second,
             "merge_grace_seconds": self.merge_grace_seconds,
+            "shared_object_grace_seconds": self.shared_object_grace_seconds,
             "catalog_keys": self.catalog_keys,
             "ack_timeout_seconds": self.ack_timeout_seconds,
             "upload_retry_initial_seconds": self.upload_retry_initial_seconds,

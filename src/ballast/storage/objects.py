@@ -196,6 +196,15 @@ class ObjectBuilder:
         return b"".join([*self._parts, index, footer.encode()])
 
 
+@dataclass(frozen=True)
+class StoredObject:
+    """An object as a listing of the store shows it."""
+
+    name: str
+    size: int
+    modified: float  # seconds since the epoch (the store's clock)
+
+
 @runtime_checkable
 class ObjectStore(Protocol):
     """Where objects live: names are relative paths like ``ns/topic/000…-000….bobj``."""
@@ -215,6 +224,10 @@ class ObjectStore(Protocol):
 
     async def delete(self, name: str) -> None:
         """Delete an object; deleting a missing object is not an error."""
+        ...
+
+    async def list(self, prefix: str) -> list[StoredObject]:
+        """The objects whose names start with `prefix` (a directory: ``a/b/``)."""
         ...
 
 
@@ -295,6 +308,33 @@ class FsspecObjectStore:
         except Exception as exc:
             raise ObjectStoreError(f"deleting {name!r} from {self._url} failed: {exc}") from exc
 
+    async def list(self, prefix: str) -> list[StoredObject]:
+        """The objects under the directory `prefix` (none if it does not exist)."""
+        path = self._path(prefix.rstrip("/"))
+        try:
+            found = await asyncio.to_thread(self._fs.find, path, detail=True)
+        except FileNotFoundError:
+            return []
+        except Exception as exc:
+            raise ObjectStoreError(f"listing {prefix!r} in {self._url} failed: {exc}") from exc
+        out = []
+        for full, info in sorted(found.items()):
+            if info.get("type") == "directory":
+                continue
+            name = full[len(self._root) + 1 :] if full.startswith(self._root) else full
+            out.append(StoredObject(name, int(info.get("size") or 0), _modified(info)))
+        return out
+
+
+def _modified(info: Mapping[str, Any]) -> float:
+    """The modification time in an fsspec listing (a local file's ``mtime``, S3's
+    ``LastModified``); 0 when the store does not say (never swept as old: see callers)."""
+    value = info.get("mtime", info.get("LastModified"))
+    if isinstance(value, int | float):
+        return float(value)
+    timestamp = getattr(value, "timestamp", None)
+    return float(timestamp()) if callable(timestamp) else 0.0
+
 
 class ObjectPart:
     """A read-only view of the `size` bytes at `base` of every object of `store`: one
@@ -322,6 +362,9 @@ class ObjectPart:
 
     async def delete(self, name: str) -> None:
         raise ObjectStoreError(f"{name}: a part of a shared object is deleted with the object")
+
+    async def list(self, prefix: str) -> list[StoredObject]:
+        raise ObjectStoreError(f"{prefix}: a part of a shared object lists nothing")
 
 
 async def read_object(

@@ -28,6 +28,7 @@ class StorageStats:
     descriptor_commits: int = 0  # metadata transactions committing descriptors
     stream_objects: int = 0  # objects the broker's commit stream wrote
     stream_parts: int = 0  # topics' parts in them (parts / objects: topics per write)
+    shared_objects_swept: int = 0  # shared objects no topic referred to any more, deleted
     bytes_uploaded: int = 0
     upload_failures: int = 0  # failed attempts to write an object or commit a descriptor
     object_write_waits: int = 0  # object writes that waited for the broker's write pacer

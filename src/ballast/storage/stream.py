@@ -16,14 +16,19 @@ The stream gathers them instead, as a group commit across topics:
   a topic fenced by a new owner fails alone.
 
 An object shared by several topics is deleted by its writer once every part has been
-merged or released by its topic (`release`). Parts a topic still refers to after a move or
-a restart of the writer keep their object; it is never deleted while referenced.
+merged or released by its topic (`release`). Parts merged or released after a move or a
+restart of the writer are found by the writer's `sweep` (each shared object ends with a
+manifest of its parts): an object no topic's catalog names is deleted once it is older
+than `shared_object_grace_seconds`. An object is never deleted while referenced.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import struct
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,14 +38,21 @@ from ballast.aio import cancel_and_wait
 from ballast.clock import Clock
 from ballast.metadata.store import MetadataStore, TxnOp
 from ballast.model import TopicName
-from ballast.storage.catalog import ObjectDescriptor
+from ballast.storage.catalog import ObjectDescriptor, load_catalog
 from ballast.storage.config import StorageConfig
-from ballast.storage.objects import ObjectStore, ObjectStoreError
+from ballast.storage.objects import ObjectStore, ObjectStoreError, StoredObject
 from ballast.storage.pacing import WritePacer
 from ballast.storage.reservation import TopicClaim, commit_together
 from ballast.storage.stats import StorageStats
 
-__all__ = ["CommitStream", "object_name", "shared_object_name"]
+__all__ = [
+    "CommitStream",
+    "ManifestError",
+    "encode_manifest",
+    "object_name",
+    "read_manifest",
+    "shared_object_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +70,49 @@ def object_name(topic: TopicName, start: int, end: int) -> str:
 def shared_object_name(broker_id: str) -> str:
     """A fresh name for an object holding parts of several topics."""
     return f"{SHARED_PREFIX}/{broker_id}/{uuid.uuid4().hex}.bobj"
+
+
+# An object shared by several topics ends with a manifest of its parts, so that a sweep can
+# tell whether any topic still refers to it: JSON, its length (4 bytes), this magic.
+_MANIFEST_MAGIC = b"BLSTPRTS"
+_MANIFEST_TAIL = struct.Struct(">I8s")
+
+
+class ManifestError(ValueError):
+    """A shared object's manifest is missing or malformed (the message names the object)."""
+
+
+def encode_manifest(
+    broker_id: str, described: Sequence[ObjectDescriptor], parts: Sequence[_Part]
+) -> bytes:
+    """The trailer of a shared object: which topic's offsets each part holds, and where."""
+    body = json.dumps(
+        {
+            "broker": broker_id,
+            "parts": [
+                [str(part.topic), d.start, d.end, d.base, d.size]
+                for part, d in zip(parts, described, strict=True)
+            ],
+        },
+        separators=(",", ":"),
+    ).encode()
+    return body + _MANIFEST_TAIL.pack(len(body), _MANIFEST_MAGIC)
+
+
+async def read_manifest(store: ObjectStore, stored: StoredObject) -> list[tuple[TopicName, int]]:
+    """The (topic, start) of every part of a shared object, from its trailer."""
+    name, size = stored.name, stored.size
+    if size < _MANIFEST_TAIL.size:
+        raise ManifestError(f"{name}: {size} bytes is too small for a shared object")
+    length, magic = _MANIFEST_TAIL.unpack(await store.get(name, size - _MANIFEST_TAIL.size, size))
+    if magic != _MANIFEST_MAGIC or length > size - _MANIFEST_TAIL.size:
+        raise ManifestError(f"{name}: no manifest of parts at its end")
+    end = size - _MANIFEST_TAIL.size
+    try:
+        parts = json.loads(await store.get(name, end - length, end))["parts"]
+        return [(TopicName.parse(topic), int(start)) for topic, start, *_ in parts]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ManifestError(f"{name}: malformed manifest of parts: {exc}") from None
 
 
 @dataclass
@@ -153,6 +208,52 @@ class CommitStream:
         except ObjectStoreError as exc:
             log.warning("could not delete shared object %s: %s", descriptor.object_id, exc)
 
+    async def sweep(self, now: float | None = None) -> int:
+        """Delete the shared objects this broker wrote that no topic refers to any more
+        and that are older than `shared_object_grace_seconds` (by the store's clock;
+        `now`: the time to compare with). They are left behind when a part was merged or
+        released by another owner after a move, or by this broker before a restart; no
+        process can commit one of them any more (a previous incarnation is gone or fenced
+        by the claims that followed). Returns how many were deleted."""
+        now = time.time() if now is None else now
+        grace = self._config.shared_object_grace_seconds
+        deleted = 0
+        catalogs: dict[TopicName, set[str]] = {}
+        for stored in await self._objects.list(f"{SHARED_PREFIX}/{self._broker_id}/"):
+            if stored.name in self._refs or not stored.modified or now - stored.modified < grace:
+                continue
+            try:
+                parts = await read_manifest(self._objects, stored)
+            except (ObjectStoreError, ManifestError) as exc:
+                log.warning("sweep: %s is left alone: %s", stored.name, exc)
+                continue
+            referenced = False
+            for topic in {topic for topic, _ in parts}:
+                if topic not in catalogs:
+                    catalog = await load_catalog(
+                        self._metadata, topic, self._stats, objects=self._objects
+                    )
+                    catalogs[topic] = {d.object_id for d in catalog.objects}
+                if stored.name in catalogs[topic]:
+                    referenced = True
+                    break
+            if referenced:
+                continue
+            await self._objects.delete(stored.name)
+            deleted += 1
+            log.info("sweep: deleted %s (no topic refers to it)", stored.name)
+        self._stats.shared_objects_swept += deleted
+        return deleted
+
+    async def _sweeper(self) -> None:
+        """`sweep` every `shared_object_grace_seconds / 4`, for the broker's whole life."""
+        while True:
+            await self._clock.sleep(self._config.shared_object_grace_seconds / 4)
+            try:
+                await self.sweep()
+            except Exception as exc:  # the store is down: the next round tries again
+                log.warning("sweep of %s's shared objects failed: %s", self._broker_id, exc)
+
     # -- lifecycle -------------------------------------------------------------------------
 
     def _running(self) -> None:
@@ -163,6 +264,7 @@ class CommitStream:
             self._loops = [
                 loop.create_task(self._writer(), name=f"stream/{self._broker_id}/writer"),
                 loop.create_task(self._committer(), name=f"stream/{self._broker_id}/committer"),
+                loop.create_task(self._sweeper(), name=f"stream/{self._broker_id}/sweeper"),
             ]
 
     async def close(self) -> None:
@@ -214,6 +316,7 @@ class CommitStream:
         return parts
 
     async def _write(self, parts: list[_Part]) -> None:
+        name = ""
         try:
             now = self._clock.now()
             if len(parts) == 1:
@@ -229,14 +332,18 @@ class CommitStream:
                         ObjectDescriptor(part.start, part.end, name, len(part.data), now, base)
                     )
                     base += len(part.data)
-                await self._objects.put(name, b"".join(part.data for part in parts))
+                # Known before it exists: a sweep never takes an object being written.
                 self._refs[name] = {(part.topic, part.start) for part in parts}
+                manifest = encode_manifest(self._broker_id, described, parts)
+                await self._objects.put(name, b"".join([*(p.data for p in parts), manifest]))
             self._stats.stream_objects += 1
             self._stats.stream_parts += len(parts)
             for part, descriptor in zip(parts, described, strict=True):
                 if not part.done.done():
                     part.done.set_result(descriptor)
         except Exception as exc:  # every part fails; each uploader retries its own
+            if len(parts) > 1:
+                self._refs.pop(name, None)  # an orphan at most: the sweep takes it
             for part in parts:
                 if not part.done.done():
                     part.done.set_exception(exc)
