@@ -326,6 +326,10 @@ class StorageSettings(_Strict):
     cursor_flush_seconds: float = Field(5.0, gt=0)
     # Each reliable topic's WAL read cache, in bytes (payload + key; 8-16 k records at most).
     wal_cache_bytes: int = Field(32 * MiB, gt=0)
+    # An object several topics share that none of them refers to any more (its parts merged
+    # or released after a move or a restart) is deleted by its writer's sweep this long
+    # after it was written (the sweep runs every quarter of it).
+    shared_object_grace_seconds: float = Field(3600.0, ge=60.0)
 
     def object_store_url(self) -> str:
         """The object store URL (the default shares `data_dir` between local brokers)."""

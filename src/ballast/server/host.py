@@ -114,6 +114,7 @@ class DataPlaneHost:
             upload_interval_seconds=storage.upload_interval_seconds,
             cursor_flush_seconds=storage.cursor_flush_seconds,
             cache_bytes=storage.wal_cache_bytes,
+            shared_object_grace_seconds=storage.shared_object_grace_seconds,
         )
         self.stats = StorageStats()
         self._stream: CommitStream | None = None  # with the object store
