@@ -95,6 +95,12 @@ class ClusterView:
         self.reports: dict[BrokerId, LoadReport] = {}
         self.moves: dict[str, Move] = {}
         self.topics: dict[str, TopicMeta] = {}
+        # Kept as the records change, so that a snapshot (one per placement round) copies
+        # them instead of rebuilding them from every topic: each topic's creation time and
+        # each broker's sorted topics (None: changed since the last snapshot).
+        self._created: dict[str, float] = {}
+        self._created_copy: dict[str, float] | None = None
+        self._sorted: dict[BrokerId, tuple[str, ...]] = {}
         self.leader: dict[str, Any] | None = None
         self.load_balance: dict[str, Any] | None = None
         # Pulsar (issue 12): failure domains created by admin, namespace anti-affinity groups.
@@ -177,6 +183,7 @@ class ClusterView:
                 parse_assignment_value(value)  # validate
                 self.owners.setdefault(topic, {})[broker] = revision
                 self.by_broker.setdefault(broker, {})[topic] = revision
+                self._sorted.pop(broker, None)
         elif record is RecordKind.MARKER and topic is not None:
             if deleted:
                 self.markers.pop(topic, None)
@@ -207,10 +214,16 @@ class ClusterView:
             else:
                 self.moves[key] = Move.from_dict(value)
         elif record is RecordKind.TOPIC and topic is not None:
+            self._created_copy = None
             if deleted:
                 self.topics.pop(topic, None)
+                self._created.pop(topic, None)
             else:
-                self.topics[topic] = TopicMeta.from_dict(value)
+                meta = self.topics[topic] = TopicMeta.from_dict(value)
+                if meta.created_at > 0:
+                    self._created[topic] = meta.created_at
+                else:
+                    self._created.pop(topic, None)
         elif record in (RecordKind.BUNDLES, RecordKind.OTHER):
             self._apply_pulsar(key, deleted, value)
 
@@ -255,6 +268,7 @@ class ClusterView:
             if not owners:
                 del self.owners[topic]
         topics = self.by_broker.get(broker)
+        self._sorted.pop(broker, None)
         if topics is not None:
             topics.pop(topic, None)
             if not topics:
@@ -303,21 +317,27 @@ class ClusterView:
         """
         brokers = self.brokers()
         registered = set(brokers)
-        assignments: dict[BrokerId, list[str]] = {
-            b: list(self.by_broker.get(b, {})) for b in brokers
-        }
+        incoming: dict[BrokerId, list[str]] = {}
         if pending:
             for topic, p in self.markers.items():
                 hint = p.marker.to_broker
                 if hint in registered and topic not in exclude and topic not in self.owners:
-                    assignments[hint].append(topic)
-        created = {t: m.created_at for t, m in self.topics.items() if m.created_at > 0}
+                    incoming.setdefault(hint, []).append(topic)
+        assignments: dict[BrokerId, tuple[str, ...]] = {}
+        for broker in brokers:
+            owned = self._sorted.get(broker)
+            if owned is None:
+                owned = self._sorted[broker] = tuple(sorted(self.by_broker.get(broker, {})))
+            extra = incoming.get(broker)
+            assignments[broker] = tuple(sorted((*owned, *extra))) if extra else owned
+        if self._created_copy is None:
+            self._created_copy = dict(self._created)
         return ClusterSnapshot(
             brokers=brokers,
             reports={b: r for b, r in self.reports.items() if b in registered},
             states={b: s for b, s in self.states.items() if b in registered},
-            assignments={b: tuple(sorted(ts)) for b, ts in assignments.items()},
-            topic_created=created,
+            assignments=assignments,
+            topic_created=self._created_copy,
             broker_domains={b: d for b, d in self.broker_domains().items() if b in registered},
             anti_affinity_groups=dict(self.anti_affinity_groups),
         )
