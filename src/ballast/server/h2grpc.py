@@ -324,7 +324,11 @@ class _Connection(asyncio.Protocol):
                 # connection and the client could lose the GOAWAY saying why.
                 if last:
                     transport.write(last)
-                transport.write_eof()
+                try:
+                    transport.write_eof()
+                except OSError:  # the client is gone already
+                    transport.abort()
+                    return
                 self.loop.call_later(_LINGER, transport.close)
             else:
                 if last:
