@@ -20,6 +20,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
+from ballast.metadata import keys
 from ballast.metadata.etcd import EtcdStore
 from tests.etcd_fixtures import EtcdServer, etcd_server, free_port
 from tests.server.helpers import new_client, wipe
@@ -46,7 +47,7 @@ LATENCY_BOUND = 2.0
 # PING flood, +448 MiB for held request bodies).
 RSS_BOUND = 64 * 1024 * 1024
 
-TARGETS = ["gateway"]
+TARGETS = ["gateway", "broker"]
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,8 @@ class Front:
         return int(psutil.Process(self.pid).memory_info().rss)
 
     def events(self) -> dict[str, float]:
-        """`ballast_wire_events` by event, scraped from the process."""
+        """`ballast_wire_events` by event, scraped from the process (and a broker's
+        refusals by reason, as ``rejected:<reason>``: its handlers parse requests)."""
         with urllib.request.urlopen(f"http://{self.metrics_url}/metrics", timeout=5) as reply:
             text = reply.read().decode()
         found: dict[str, float] = {}
@@ -71,6 +73,9 @@ class Front:
             if line.startswith("ballast_wire_events_total{"):
                 event = line.split('event="', 1)[1].split('"', 1)[0]
                 found[event] = float(line.rsplit(" ", 1)[1])
+            elif line.startswith("ballast_dataplane_rejected_total{"):
+                reason = "rejected:" + line.split('reason="', 1)[1].split('"', 1)[0]
+                found[reason] = found.get(reason, 0) + float(line.rsplit(" ", 1)[1])
         return found
 
 
@@ -88,7 +93,7 @@ async def front(
 ) -> AsyncIterator[Front]:
     """One broker and one gateway (processes); the port under test is `request.param`'s."""
     tmp = tmp_path_factory.mktemp(f"wire-{request.param}")
-    metrics_port = free_port()
+    metrics_port, broker_metrics_port = free_port(), free_port()
     config = tmp / "config.yaml"
     config.write_text(
         yaml.safe_dump(
@@ -96,7 +101,7 @@ async def front(
                 "load_manager": {"load_report_interval_seconds": 0.5},
                 "broker": {"registration_ttl_seconds": 10, "leader_ttl_seconds": 10},
                 "history": {"enabled": False},
-                "metrics": {"enabled": False},
+                "metrics": {"enabled": True, "port": broker_metrics_port},
                 "storage": {"data_dir": str(tmp / "data")},
                 "gateway": {"lookup_wait_seconds": 20, "metrics_port": metrics_port},
                 "wire": WIRE,
@@ -116,6 +121,14 @@ async def front(
             )  # fmt: skip
             procs.append(broker)
             await started(broker, "BROKER-STARTED", "broker")
+            if request.param == "broker":
+                kv = await store.get(keys.register("w1"))
+                assert kv is not None
+                yield Front(
+                    "broker", str(kv.value["broker_url"]), broker.pid, broker_log,
+                    f"127.0.0.1:{broker_metrics_port}",
+                )  # fmt: skip
+                return
             gateway_log = tmp / "gateway.log"
             gateway = await _spawn(
                 ["-m", "ballast.cli.main", "gateway", "--etcd", etcd_server.client_url,
@@ -192,7 +205,8 @@ class Watch:
     async def counted(self) -> dict[str, float]:
         """Events counted since the attack began."""
         after = await asyncio.to_thread(self.front.events)
-        return {k: v - self.events_before.get(k, 0) for k, v in after.items() if v}
+        counted = {k: v - self.events_before.get(k, 0) for k, v in after.items()}
+        return {k: v for k, v in counted.items() if v}
 
     def check(self) -> None:
         probe = self.probe

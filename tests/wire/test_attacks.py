@@ -210,8 +210,11 @@ async def test_malformed_requests_are_stream_errors_on_a_connection_that_goes_on
             await client.close()
     watch.check()
     counted = await watch.counted()
-    for event in ("bad_timeout", "bad_metadata", "malformed_request", "unknown_method"):
+    for event in ("bad_timeout", "bad_metadata", "unknown_method"):
         assert counted.get(event, 0) >= 1, (event, counted)
+    # A gateway parses in its wire layer; a broker's handlers parse (and count) their own.
+    malformed = counted.get("malformed_request", 0) + counted.get("rejected:malformed_request", 0)
+    assert malformed >= 1, counted
 
 
 async def _hold_body(url: str, size: int, seconds: float) -> tuple[int, int | None]:

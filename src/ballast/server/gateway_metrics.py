@@ -17,11 +17,12 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ballast.server.wire_metrics import wire_series
+
 if TYPE_CHECKING:
     from ballast.server.gateway import Gateway
-    from ballast.server.h2grpc import H2GrpcServer
 
-__all__ = ["GatewayCollector", "serve_metrics", "wire_series"]
+__all__ = ["GatewayCollector", "serve_metrics"]
 
 
 class GatewayCollector(Collector):
@@ -83,30 +84,6 @@ class GatewayCollector(Collector):
         server = gateway.wire
         if server is not None:
             yield from wire_series(server)
-
-
-def wire_series(server: H2GrpcServer) -> Iterator[Metric]:
-    """The client port's wire layer: what it refused and closed, and what it holds."""
-    events = CounterMetricFamily(
-        "ballast_wire_events",
-        "The client port's HTTP/2 events, by event: connections, what each protection "
-        "refused or closed (rapid_reset, settings_flood, write_paused, write_buffer_closed, "
-        "request_budget, connections_refused[_peer], handshake_timeout, idle_timeout, "
-        "flood, protocol_error) and malformed requests (bad_timeout, bad_metadata, "
-        "malformed_request, unknown_method, message_too_large)",
-        labels=["event"],
-    )
-    for event, count in sorted(dict(server.counts).items()):
-        events.add_metric([event], count)
-    yield events
-    yield GaugeMetricFamily(
-        "ballast_wire_connections", "Client connections open", value=len(server.connections)
-    )
-    yield GaugeMetricFamily(
-        "ballast_wire_request_bytes_held",
-        "Bytes of unfinished requests held across all connections (wire.request_budget_bytes)",
-        value=server.budget.used,
-    )
 
 
 def serve_metrics(gateway: Gateway, host: str, port: int) -> WSGIServer:

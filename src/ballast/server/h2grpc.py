@@ -39,7 +39,7 @@ import logging
 import re
 import ssl
 import struct
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import quote
@@ -160,6 +160,7 @@ class _Call:
         "body",
         "handler",
         "held",
+        "inbox",
         "metadata",
         "method",
         "owed",
@@ -182,6 +183,8 @@ class _Call:
         self.held = 0  # request bytes held against the port's budget
         self.owed = 0  # of them, read and not yet given back as flow-control credit
         self.sent = False  # response headers queued
+        # A streaming request's whole messages, for its handler (None: the end).
+        self.inbox: asyncio.Queue[bytes | None] | None = None
 
 
 class _Bucket:
@@ -482,13 +485,24 @@ class _Connection(asyncio.Protocol):
                     f"Method not found: {sanitised(call.method)}",
                     "unknown_method",
                 )
+            elif self.server.running >= self.server.max_calls:
+                problem = (
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the server runs its limit of {self.server.max_calls} calls; retry later",
+                    "calls_refused",
+                )
         if problem is not None:
             code, details, what = problem
             self._refuse(call, code, details, what)
             return
         call.metadata = tuple(metadata)
         self.calls[stream_id] = call
-        if not call.receiving:
+        if call.handler.request_streaming:  # its handler runs as its messages come
+            call.inbox = asyncio.Queue()
+            self._start(call, None)
+            if not call.receiving:
+                call.inbox.put_nowait(None)
+        elif not call.receiving:
             self._ended(call)
 
     def _data(self, event: ngh2.DataReceived) -> None:
@@ -522,6 +536,9 @@ class _Connection(asyncio.Protocol):
             return
         call.body += data
         call.held += size
+        if call.inbox is not None:
+            self._stream_in(call, size, event.end_stream)
+            return
         if budget.roomy():
             self._ack(size, stream_id)
         else:  # no credit until held bytes go
@@ -529,6 +546,71 @@ class _Connection(asyncio.Protocol):
             budget.waiting.add(self)
         if event.end_stream:
             self._ended(call)
+
+    def _stream_in(self, call: _Call, size: int, end: bool) -> None:
+        """A streaming request's bytes: its whole messages go to the handler's inbox. Credit
+        is given while the messages waiting there stay within a stream window (the handler
+        sets the pace) and the budget has room; the rest when the handler takes them."""
+        body, inbox = call.body, call.inbox
+        assert inbox is not None
+        while len(body) >= _PREFIX.size:
+            compressed, length = _PREFIX.unpack_from(body)
+            if compressed or length > self.server.max_receive:
+                self._ack(size, call.stream_id)
+                self._refuse(
+                    call,
+                    grpc.StatusCode.UNIMPLEMENTED
+                    if compressed
+                    else grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    "compressed messages are not served"
+                    if compressed
+                    else f"Received message larger than max ({length} vs. "
+                    f"{self.server.max_receive})",
+                    "" if compressed else "message_too_large",
+                )
+                return
+            if len(body) < _PREFIX.size + length:
+                break
+            inbox.put_nowait(bytes(body[_PREFIX.size : _PREFIX.size + length]))
+            del body[: _PREFIX.size + length]
+        call.owed += size
+        self._stream_credit(call)
+        if end:
+            call.receiving = False
+            inbox.put_nowait(None)
+
+    def _stream_credit(self, call: _Call) -> None:
+        budget = self.server.budget
+        if call.owed and call.held - len(call.body) <= _STREAM_WINDOW and budget.roomy():
+            self._ack(call.owed, call.stream_id)
+            call.owed = 0
+        elif call.owed and not budget.roomy():
+            budget.waiting.add(self)
+
+    async def _requests(self, call: _Call) -> AsyncIterator[Any]:
+        """A streaming request's messages, as its handler takes them."""
+        inbox = call.inbox
+        assert inbox is not None
+        parse = call.handler.request_deserializer
+        while (item := await inbox.get()) is not None:
+            size = _PREFIX.size + len(item)
+            call.held -= size
+            self.server.budget.release(size)
+            self._stream_credit(call)
+            self.flush_soon()
+            if parse is None:
+                yield item
+                continue
+            try:
+                request = parse(item)
+            except (DecodeError, ValueError, UnicodeError) as exc:
+                self.server.count("malformed_request")
+                raise RpcFailure(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{sanitised(call.method)}: malformed request ({sanitised(str(exc))})",
+                    "malformed_request",
+                ) from None
+            yield request
 
     def _ack(self, size: int, stream_id: int) -> None:
         if size:
@@ -582,7 +664,13 @@ class _Connection(asyncio.Protocol):
             return
         request = bytes(body[_PREFIX.size :])
         self._forget_body(call)
-        call.task = self.loop.create_task(self._serve(call, request))
+        self._start(call, request)
+
+    def _start(self, call: _Call, request: bytes | None) -> None:
+        server = self.server
+        server.running += 1
+        call.task = task = self.loop.create_task(self._serve(call, request))
+        task.add_done_callback(server.call_done)
 
     def _refuse(self, call: _Call, code: grpc.StatusCode, details: str, what: str) -> None:
         """Answer a call that never reaches a handler, and forget it."""
@@ -603,7 +691,9 @@ class _Connection(asyncio.Protocol):
         context = CallContext(call.metadata, self.peer)
         try:
             async with asyncio.timeout(call.timeout):
-                if handler.request_deserializer is not None:
+                if call.inbox is not None:
+                    request = self._requests(call)
+                elif handler.request_deserializer is not None:
                     try:
                         request = handler.request_deserializer(request)
                     except (DecodeError, ValueError, UnicodeError) as exc:
@@ -614,11 +704,12 @@ class _Connection(asyncio.Protocol):
                             "malformed_request",
                         ) from None
                 encode = handler.response_serializer
-                if handler.unary_unary is not None:
-                    reply = await handler.unary_unary(request, context)
+                if not handler.response_streaming:
+                    unary = handler.unary_unary or handler.stream_unary
+                    reply = await unary(request, context)
                     await self._message(call, encode(reply) if encode else reply)
                 else:
-                    stream = handler.unary_stream(request, context)
+                    stream = (handler.unary_stream or handler.stream_stream)(request, context)
                     async with contextlib.aclosing(stream):
                         async for item in stream:
                             await self._message(call, encode(item) if encode else item)
@@ -637,6 +728,10 @@ class _Connection(asyncio.Protocol):
         finally:
             if self.calls.get(call.stream_id) is call:
                 del self.calls[call.stream_id]
+                if call.receiving:  # a streaming request answered before its end
+                    call.receiving = False
+                    self._reset_after.append(call.stream_id)
+                self._forget_body(call)
         self.flush_soon()
 
     async def _message(self, call: _Call, message: bytes) -> None:
@@ -712,6 +807,7 @@ class H2GrpcServer:
         max_receive: int,
         ssl_context: ssl.SSLContext | None,
         limits: WireLimits | None = None,
+        max_calls: int = 1 << 30,
     ) -> None:
         self.handler = handler
         self.max_receive = max_receive
@@ -729,6 +825,8 @@ class H2GrpcServer:
             max_inbound_header_list_size=self.limits.max_header_list_bytes,
         )
         self.budget = RequestBudget(self.limits.request_budget_bytes)
+        self.max_calls = max_calls
+        self.running = 0  # calls whose handlers run, on all connections
         self.connections: set[_Connection] = set()
         self.peers: dict[str, int] = {}
         self.counts: dict[str, int] = {}
@@ -737,6 +835,9 @@ class H2GrpcServer:
 
     def count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
+
+    def call_done(self, task: asyncio.Task[None]) -> None:
+        self.running -= 1
 
     def admit(self, connection: _Connection) -> bool:
         """Whether one more connection (from its peer) fits; counted either way."""
