@@ -223,6 +223,7 @@ class _Connection(asyncio.Protocol):
         self._paused = False  # the client does not take what is written: reading paused
         self._flush_due = False
         self._progress = asyncio.Event()  # set (and replaced) when output moves on
+        self._waiting = 0  # handlers waiting for it (most flushes have none)
         self._resets = _Bucket(self.limits.max_resets_per_second, self.opened)
         self._settings = _Bucket(self.limits.max_settings_per_second, self.opened)
         self._reset_after: list[int] = []  # answered calls whose unread rest gets RST_STREAM
@@ -321,7 +322,7 @@ class _Connection(asyncio.Protocol):
         if transport is not None and not transport.is_closing():
             if self._paused:  # a client that does not read would hold the close for ever
                 transport.abort()
-            elif transport.can_write_eof():
+            elif transport.can_write_eof() and not self.server.stopping:
                 # Our side ends after the last words; what the client still sends is read
                 # and dropped for a moment: closing with unread bytes would reset the
                 # connection and the client could lose the GOAWAY saying why.
@@ -398,8 +399,9 @@ class _Connection(asyncio.Protocol):
             self.loop.call_soon(self._flush)
 
     def _wake(self) -> None:
-        self._progress.set()
-        self._progress = asyncio.Event()
+        if self._waiting:
+            self._progress.set()
+            self._progress = asyncio.Event()
 
     # -- events ----------------------------------------------------------------------------
 
@@ -750,7 +752,11 @@ class _Connection(asyncio.Protocol):
             or h2.queued_body_size(sid) > _STREAM_QUEUE
             or h2.queued_body_size() > _CONN_QUEUE
         ):
-            await self._progress.wait()
+            self._waiting += 1
+            try:
+                await self._progress.wait()
+            finally:
+                self._waiting -= 1
             if self.calls.get(sid) is not call or self.closed:
                 raise asyncio.CancelledError
 
@@ -781,6 +787,7 @@ class _Connection(asyncio.Protocol):
         self._flush()
 
     def abort(self) -> None:
+        """End the connection now: its calls cancelled, GOAWAY, closed."""
         for call in list(self.calls.values()):
             if call.task is not None:
                 call.task.cancel()
@@ -826,6 +833,7 @@ class H2GrpcServer:
         )
         self.budget = RequestBudget(self.limits.request_budget_bytes)
         self.max_calls = max_calls
+        self.stopping = False  # closes then do not linger (the loop may end next)
         self.running = 0  # calls whose handlers run, on all connections
         self.connections: set[_Connection] = set()
         self.peers: dict[str, int] = {}
@@ -920,6 +928,7 @@ class H2GrpcServer:
         server, self._server = self._server, None
         if server is not None:
             server.close()
+        self.stopping = True
         sweeper, self._sweeper = self._sweeper, None
         if sweeper is not None:
             sweeper.cancel()
