@@ -63,6 +63,8 @@ _STREAM_WINDOW = 1 << 20  # what each call may have in flight towards us
 _CONN_WINDOW = 4 << 20  # and a whole connection
 _STREAM_QUEUE = 256 << 10  # response bytes one call may queue before its handler waits
 _CONN_QUEUE = 8 << 20  # and all calls of a connection
+_SLICE = 16 << 10  # bytes fed to the engine at a time
+_EVENTS_PER_TURN = 256  # after a slice with more events, other connections get a turn
 _LINGER = 1.0  # seconds a closed connection's late bytes are read and dropped
 _LINGER_BYTES = 256 << 10  # and how many at most (a flood stops being read at once)
 _MAX_DETAILS = 1024  # bytes of a status message sent
@@ -228,6 +230,7 @@ class _Connection(asyncio.Protocol):
         self._settings = _Bucket(self.limits.max_settings_per_second, self.opened)
         self._reset_after: list[int] = []  # answered calls whose unread rest gets RST_STREAM
         self._dropped = 0  # bytes read after the connection was closed
+        self._holding = False  # the rest of a read waits for the next loop turn
 
     # -- the socket ------------------------------------------------------------------------
 
@@ -285,7 +288,7 @@ class _Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._paused = False
-        if self.transport is not None and not self.closed:
+        if self.transport is not None and not self.closed and not self._holding:
             self.transport.resume_reading()
         self._flush()
 
@@ -295,16 +298,46 @@ class _Connection(asyncio.Protocol):
             if self._dropped > _LINGER_BYTES and self.transport is not None:
                 self.transport.abort()
             return
-        try:
-            self.h2.receive_data(data)
-        except ngh2.DenialOfServiceError:
-            self._failed("flood", _CALM)
-            return
-        except ngh2.NGH2Error:
-            self._failed("protocol_error", int(ngh2.ErrorCode.PROTOCOL_ERROR))
-            return
-        self._events(self.h2.events())
+        self._feed(memoryview(data))
+
+    def _feed(self, data: memoryview) -> None:
+        """Feed the engine a slice at a time. After a slice that made many events the rest
+        waits for the loop's next turn, reading paused: one connection's flood of small
+        requests (a read can hold tens of thousands) does not hold the loop for a whole
+        read while other clients wait."""
+        h2 = self.h2
+        start, size = 0, len(data)
+        while start < size:
+            piece = data[start : start + _SLICE]
+            start += _SLICE
+            try:
+                h2.receive_data(piece)
+            except ngh2.DenialOfServiceError:
+                self._failed("flood", _CALM)
+                return
+            except ngh2.NGH2Error:
+                self._failed("protocol_error", int(ngh2.ErrorCode.PROTOCOL_ERROR))
+                return
+            events = h2.events()
+            self._events(events)
+            if self.closed:
+                return
+            if len(events) > _EVENTS_PER_TURN and start < size:
+                self._flush()
+                assert self.transport is not None
+                self._holding = True
+                self.transport.pause_reading()
+                self.loop.call_soon(self._feed_rest, data[start:])
+                return
         self._flush()
+
+    def _feed_rest(self, data: memoryview) -> None:
+        self._holding = False
+        if self.closed:
+            return
+        if not self._paused and self.transport is not None:
+            self.transport.resume_reading()
+        self._feed(data)
 
     def _failed(self, what: str, code: int) -> None:
         """The engine gave up on the connection: its last words (or a GOAWAY), then close."""
@@ -675,9 +708,13 @@ class _Connection(asyncio.Protocol):
         task.add_done_callback(server.call_done)
 
     def _refuse(self, call: _Call, code: grpc.StatusCode, details: str, what: str) -> None:
-        """Answer a call that never reaches a handler, and forget it."""
+        """Answer a call that never reaches a handler, and forget it. Counted refusals
+        spend the connection's reset budget too: a client that makes the server refuse its
+        streams (error answers, CVE-2019-9514; MadeYouReset) is a rapid reset by proxy."""
         if what:
             self.server.count(what)
+            if not self._resets.spend(self.loop.time()):
+                self._calm("rapid_reset")
         self.calls.pop(call.stream_id, None)
         self._forget_body(call)
         self._finish(call, code, details)
