@@ -178,6 +178,42 @@ async def test_a_streaming_request_carries_messages_larger_than_its_window() -> 
         await server.stop(0)
 
 
+async def test_a_request_whose_message_never_arrives_is_refused_and_its_bytes_go_back() -> None:
+    """Slowloris on a stream: headers and half a message, then nothing."""
+    _, server, url = await _serve(WireLimits(handshake_timeout_seconds=0.3))
+    client = await RawClient.connect(url)
+    try:
+        client.write(
+            frame(HEADERS, END_HEADERS, 1, client.block("/t.S/Echo"))
+            + frame(DATA, 0, 1, struct.pack(">BI", 0, 1000) + b"x" * 500)
+        )
+        async with asyncio.timeout(5):
+            while server.budget.used == 0:  # held while it comes
+                await asyncio.sleep(0.01)
+            while "request_timeout" not in server.counts:
+                await asyncio.sleep(0.02)
+        assert server.budget.used == 0
+        client.write(
+            frame(HEADERS, END_HEADERS, 3, client.block("/t.S/Echo"))
+            + frame(DATA, END_STREAM, 3, message(b"next"))
+        )  # the connection goes on
+        statuses: dict[int, bytes] = {}
+        decoder = hpack.Decoder()
+        async with asyncio.timeout(5):
+            while 3 not in statuses:
+                head = await client.reader.readexactly(9)
+                high, low, kind, flags, stream = struct.unpack(">BHBBI", head)
+                payload = await client.reader.readexactly((high << 16) | low)
+                if kind == HEADERS:  # every block decoded: HPACK's table is shared
+                    headers = dict(decoder.decode(payload, raw=True))
+                    if flags & END_STREAM:
+                        statuses[stream] = headers[b"grpc-status"]
+        assert statuses == {1: b"4", 3: b"0"}  # DEADLINE_EXCEEDED, then OK
+    finally:
+        client.close()
+        await server.stop(0)
+
+
 def test_the_wire_section_is_checked_and_reaches_the_limits() -> None:
     config = parse_config({"wire": {"max_resets_per_second": 7, "idle_timeout_seconds": 0}})
     limits = WireLimits.of(config.wire)

@@ -167,6 +167,7 @@ class _Call:
         "method",
         "owed",
         "receiving",
+        "seen",
         "sent",
         "stream_id",
         "task",
@@ -187,6 +188,7 @@ class _Call:
         self.sent = False  # response headers queued
         # A streaming request's whole messages, for its handler (None: the end).
         self.inbox: asyncio.Queue[bytes | None] | None = None
+        self.seen = 0.0  # when the sweeper first saw its request unfinished (0: not yet)
 
 
 class _Bucket:
@@ -707,6 +709,25 @@ class _Connection(asyncio.Protocol):
         call.task = task = self.loop.create_task(self._serve(call, request))
         task.add_done_callback(server.call_done)
 
+    def expire(self, now: float, timeout: float) -> None:
+        """Refuse the unary requests still unfinished `timeout` seconds after the sweeper
+        first saw them (their bytes held against the budget go back)."""
+        late = []
+        for call in self.calls.values():
+            if call.receiving and call.inbox is None:
+                if not call.seen:
+                    call.seen = now
+                elif now - call.seen > timeout:
+                    late.append(call)
+        for call in late:
+            self._refuse(
+                call,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"the request's message did not arrive within {timeout:g} s "
+                "(wire.handshake_timeout_seconds)",
+                "request_timeout",
+            )
+
     def _refuse(self, call: _Call, code: grpc.StatusCode, details: str, what: str) -> None:
         """Answer a call that never reaches a handler, and forget it. Counted refusals
         spend the connection's reset budget too: a client that makes the server refuse its
@@ -926,7 +947,8 @@ class H2GrpcServer:
         return bound
 
     async def _sweep(self) -> None:
-        """Close connections that never sent a request (slowloris) or sat idle too long.
+        """Close connections that never sent a request (slowloris) or sat idle too long,
+        and refuse unary requests whose bodies do not arrive (slowloris on a stream).
 
         One task for all connections: thousands of idle ones cost a pass a tick, not a timer
         each. Activity is what changed since the last pass (requests seen, calls open).
@@ -947,6 +969,7 @@ class H2GrpcServer:
                         self.count("handshake_timeout")
                         connection.abort()
                     continue
+                connection.expire(now, handshake)
                 if not idle:
                     continue
                 last = seen.get(connection)
