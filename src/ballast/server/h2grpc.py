@@ -784,7 +784,9 @@ class _Connection(asyncio.Protocol):
             raise
         except Exception as exc:  # a handler's bug: logged with its traceback
             log.exception("wire: %s failed", call.method)
-            self._finish(call, grpc.StatusCode.UNKNOWN, f"Unexpected error: {exc!r}")
+            self._finish(
+                call, grpc.StatusCode.UNKNOWN, f"Unexpected error: {sanitised(repr(exc), 128)}"
+            )
         finally:
             if self.calls.get(call.stream_id) is call:
                 del self.calls[call.stream_id]
