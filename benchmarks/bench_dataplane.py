@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import psutil
 import yaml
 from danube import DanubeClientBuilder, DispatchStrategy, SubType
 from danube.proto import DanubeApi_pb2 as pb
@@ -58,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ballast.cluster import AdminClient
 from ballast.metadata import keys
 from ballast.metadata.etcd import EtcdStore
+from benchmarks.bench_failover import cpu_seconds
 from benchmarks.cli import emit, parse_args
 from benchmarks.processes import tail
 from tests.etcd_fixtures import EtcdServer, free_port
@@ -124,6 +126,7 @@ class Procs:
 
     def __init__(self, logs: Path) -> None:
         self.procs: list[asyncio.subprocess.Process] = []
+        self.ready: dict[int, str] = {}  # pid -> the line it announced itself with
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.logs = logs
         logs.mkdir(parents=True, exist_ok=True)
@@ -147,6 +150,7 @@ class Procs:
                         f"its stderr ({log}) ends:\n{tail(log)}"
                     )
                 if line.decode().strip().startswith(ready):
+                    self.ready[proc.pid] = line.decode().strip()
                     return proc
 
     async def close(self) -> None:
@@ -212,8 +216,11 @@ async def client_for(url: str) -> Any:
 
 async def throughput(url: str, topic: str, producers: int, reliable: bool, duration: float,
                      payload: bytes = PAYLOAD, subject: str | None = None,
+                     watch: dict[str, psutil.Process] | None = None,
                      ) -> dict[str, float]:  # fmt: skip
-    """Messages/s and produce latency of `producers` concurrent sequential senders."""
+    """Messages/s and produce latency of `producers` concurrent sequential senders; with
+    `watch`, each watched process's CPU time over the measured part per message sent
+    (``<name>_cpu_us_per_message``)."""
     client = await client_for(url)
     made = []
     for i in range(producers):
@@ -241,19 +248,55 @@ async def throughput(url: str, topic: str, producers: int, reliable: bool, durat
 
     tasks = [asyncio.create_task(run(p)) for p in made]
     await asyncio.sleep(min(0.5, duration))  # warm-up
+    watched = watch or {}
+    cpu_before = {name: cpu_seconds(proc) for name, proc in watched.items()}
     measuring = True
     began = time.perf_counter()
     await asyncio.sleep(duration)
     measuring = False
     elapsed = time.perf_counter() - began
+    spent = {name: cpu_seconds(proc) - cpu_before[name] for name, proc in watched.items()}
     stop = True
     await asyncio.gather(*tasks)
     for producer in made:
         await producer.close()
-    return {
+    out = {
         "msg_per_s": round(count / elapsed, 1),
         "produce_p50_ms": round(pct(latencies, 0.5) * 1000, 2),
         "produce_p99_ms": round(pct(latencies, 0.99) * 1000, 2),
+    }
+    for name, cpu in spent.items():
+        out[f"{name}_cpu_us_per_message"] = round(cpu / max(1, count) * 1e6, 1)
+    return out
+
+
+async def cpu_per_message(
+    procs: Procs, etcd: str, config: Path, url: str, broker: asyncio.subprocess.Process,
+    duration: float, producers: int = 32,
+) -> dict[str, Any]:  # fmt: skip
+    """CPU per non-reliable 1 KiB message of the broker reached directly and of a gateway
+    in front of it (process CPU over the measured run ÷ messages; the clients run here, in
+    another process)."""
+    gateway = await procs.start(
+        ["-m", "ballast.cli.main", "gateway", "--etcd", etcd, "--config", str(config),
+         "--listen", "127.0.0.1:0", "--log-level", "ERROR"],
+        "GATEWAY-STARTED",
+    )  # fmt: skip
+    address = procs.ready[gateway.pid].split()[1]
+    broker_proc, gateway_proc = psutil.Process(broker.pid), psutil.Process(gateway.pid)
+    direct = await throughput(
+        url, "/default/cpu-direct", producers, False, duration, watch={"broker": broker_proc}
+    )
+    through = await throughput(
+        address, "/default/cpu-gateway", producers, False, duration,
+        watch={"broker": broker_proc, "gateway": gateway_proc},
+    )  # fmt: skip
+    return {
+        "producers": producers,
+        "broker_cpu_us_per_message": direct["broker_cpu_us_per_message"],
+        "gateway_cpu_us_per_message": through["gateway_cpu_us_per_message"],
+        "direct": direct,
+        "through_gateway": through,
     }
 
 
@@ -671,16 +714,28 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             out["ack_modes"] = await ack_modes(procs, tmp, args.duration, args.producers)
             return out
         # The ceiling: the same client against a server that does nothing.
-        port = free_port()
-        await procs.start([__file__, "--noop-server", str(port)], "NOOP-STARTED")
-        noop = f"127.0.0.1:{port}"
-        out["ceiling_msg_per_s"] = {
-            str(n): (await throughput(noop, "/default/noop", n, False, args.duration))["msg_per_s"]
-            for n in (args.producers if not args.only_schemas else (32,))
-        }
+        if not args.only_cpu:
+            port = free_port()
+            await procs.start([__file__, "--noop-server", str(port)], "NOOP-STARTED")
+            noop = f"127.0.0.1:{port}"
+            out["ceiling_msg_per_s"] = {
+                str(n): (await throughput(noop, "/default/noop", n, False, args.duration))[
+                    "msg_per_s"
+                ]
+                for n in (args.producers if not args.only_schemas else (32,))
+            }
         async with etcd_for(procs) as server, EtcdStore(server.client_url) as store:
-            await start_broker(procs, server.client_url, config, "bench-1")
+            broker = await start_broker(procs, server.client_url, config, "bench-1")
             url = await broker_url(store, "bench-1")
+            if args.only_cpu or not args.only_schemas:
+                cpu = await cpu_per_message(
+                    procs, server.client_url, config, url, broker, args.duration
+                )
+                out["broker_cpu_us_per_message"] = cpu["broker_cpu_us_per_message"]
+                out["gateway_cpu_us_per_message"] = cpu["gateway_cpu_us_per_message"]
+                out["cpu_per_message"] = cpu
+                if args.only_cpu:
+                    return out
             out["schema_validation_32_producers"] = await schema_cost(
                 url, args.duration, args.schema_rounds
             )
@@ -708,7 +763,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         await procs.close()
     out["load_average"] = [round(x, 1) for x in os.getloadavg()]  # a shared machine
-    if args.only_schemas:
+    if args.only_schemas or args.only_cpu:
         return out
     ceiling = out["ceiling_msg_per_s"]["32"]
     out["goals_32_producers"] = {
@@ -749,6 +804,11 @@ def main() -> None:
         "--only-ack-modes",
         action="store_true",
         help="only reliable produce in both storage.ack modes (directory and S3 object store)",
+    )
+    parser.add_argument(
+        "--only-cpu",
+        action="store_true",
+        help="only the CPU per non-reliable message of a broker and of a gateway",
     )
     parser.add_argument(
         "--slow-consumer",

@@ -42,6 +42,8 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "ack_modes.directory.durable_share_of_local_32",
         "moves.lost",
         "goals_32_producers",
+        "broker_cpu_us_per_message",
+        "gateway_cpu_us_per_message",
     ),
     "bench_failover": (
         "gateway_overhead.overhead_msg_per_s_percent",
@@ -49,7 +51,14 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "failover.recovered_topics",
         "failover.traffic.lost",
     ),
-    "bench_grpc_floor": ("calls_per_s", "server_cpu_us_per_call", "caller_cpu_us_per_call"),
+    "bench_grpc_floor": (
+        "calls_per_s",
+        "server_cpu_us_per_call",
+        "caller_cpu_us_per_call",
+        "servers.wire.server_cpu_us_per_call",
+        "servers.ngh2.server_cpu_us_per_call",
+        "servers.h2.server_cpu_us_per_call",
+    ),
     "bench_metadata": ("memory.put_per_s_concurrent_64", "etcd.watch_latency_ms_p99"),
     "bench_moves": (
         "move_producer_pause_p99_s",

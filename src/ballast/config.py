@@ -415,6 +415,46 @@ class GatewaySettings(_Strict):
     metrics_port: int = Field(0, ge=0, le=65535)
 
 
+class WireSettings(_Strict):
+    """`wire`: the HTTP/2 front of every client-facing port (a gateway's and a broker's
+    `broker_url`). Each limit protects the process from one known HTTP/2 abuse; what it
+    refuses is counted (`ballast_wire_events`)."""
+
+    # Calls open at once on one connection (SETTINGS_MAX_CONCURRENT_STREAMS; each consumer
+    # holds one); more are refused with REFUSED_STREAM.
+    max_concurrent_streams: int = Field(4096, gt=0, le=2**31 - 1)
+    # Streams a client may reset per second on one connection (and as many at once);
+    # beyond, GOAWAY with ENHANCE_YOUR_CALM (rapid reset, CVE-2023-44487).
+    max_resets_per_second: int = Field(200, gt=0)
+    # Entries of one SETTINGS frame, and SETTINGS frames per connection per second;
+    # beyond either, GOAWAY with ENHANCE_YOUR_CALM.
+    max_settings_entries: int = Field(32, gt=0, le=4096)
+    max_settings_per_second: int = Field(20, gt=0)
+    # Bytes written and not yet taken by a client: above `high`, the connection is not
+    # read (a client that never reads cannot make answers pile up); above `max`, closed.
+    write_buffer_high_bytes: int = Field(1024 * 1024, ge=16 * 1024)
+    write_buffer_max_bytes: int = Field(64 * MiB, ge=64 * 1024)
+    # Bytes of unfinished requests held across ALL connections of the port: flow-control
+    # credit is given only while there is room, and a request past it is refused
+    # (RESOURCE_EXHAUSTED).
+    request_budget_bytes: int = Field(256 * MiB, ge=MiB)
+    # Connections open at once, in all and from one peer address; more are closed at once.
+    max_connections: int = Field(10_000, gt=0)
+    max_connections_per_peer: int = Field(2_000, gt=0)
+    # A connection that has sent no whole request this long after it opened is closed
+    # (slowloris); one without calls this long is sent GOAWAY and closed (0: never).
+    handshake_timeout_seconds: float = Field(10.0, gt=0)
+    idle_timeout_seconds: float = Field(600.0, ge=0)
+    # Bytes of one request's decoded header list (SETTINGS_MAX_HEADER_LIST_SIZE).
+    max_header_list_bytes: int = Field(64 * 1024, ge=4096, le=16 * MiB)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> WireSettings:
+        if self.write_buffer_max_bytes <= self.write_buffer_high_bytes:
+            raise ValueError("wire: write_buffer_max_bytes must be above write_buffer_high_bytes")
+        return self
+
+
 class BallastConfig(_Strict):
     """The whole broker configuration file."""
 
@@ -427,6 +467,7 @@ class BallastConfig(_Strict):
     tls: TlsSettings = TlsSettings()
     auth: AuthSettings = AuthSettings()
     gateway: GatewaySettings = GatewaySettings()
+    wire: WireSettings = WireSettings()
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

@@ -60,7 +60,7 @@ from ballast.server.auth import bearer_token
 from ballast.server.directory import Directory
 from ballast.server.gateway_metrics import serve_metrics
 from ballast.server.gateway_sessions import ConsumerSession, HeldBudget, SessionTable
-from ballast.server.h2grpc import H2GrpcServer
+from ballast.server.h2grpc import H2GrpcServer, WireLimits
 from ballast.server.link import ACK_LINK_METHOD, BATCH_BYTES, LINK_METHOD, SendLink, rpc_error
 from ballast.server.protocol import (
     CLIENT_CONSUMER,
@@ -499,6 +499,7 @@ class Gateway(Served):
             handlers.get,
             max_receive=MAX_RECEIVE_BYTES,
             ssl_context=server_ssl_context(self.config.tls),
+            limits=WireLimits.of(self.config.wire),
         )
         try:
             port = await server.start(self.bind_host, self.bind_port)
@@ -543,6 +544,11 @@ class Gateway(Served):
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
+
+    @property
+    def wire(self) -> H2GrpcServer | None:
+        """The client port's server (its protections' counts), while serving."""
+        return self._server
 
     # -- routing ---------------------------------------------------------------------------
 

@@ -17,6 +17,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ballast.server.wire_metrics import wire_series
+
 if TYPE_CHECKING:
     from ballast.server.gateway import Gateway
 
@@ -79,6 +81,9 @@ class GatewayCollector(Collector):
         yield records
         yield frames
         yield tcp
+        server = gateway.wire
+        if server is not None:
+            yield from wire_series(server)
 
 
 def serve_metrics(gateway: Gateway, host: str, port: int) -> WSGIServer:

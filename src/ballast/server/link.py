@@ -184,6 +184,10 @@ class LinkService(grpc.GenericRpcHandler):
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
         return self._handlers.get(handler_call_details.method)
 
+    def methods(self) -> list[str]:
+        """The methods served (the wire layer registers each by name)."""
+        return list(self._handlers)
+
     async def _where(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:

@@ -1,10 +1,11 @@
 """TLS credentials and the server-side security set-up shared by brokers and gateways.
 
-`server_credentials` turns the `tls` section into gRPC server credentials (a certificate
-chain, and with `require_client_cert` the CA that client certificates must chain to);
-`channel_credentials` is what a gateway uses to dial brokers that serve TLS (their CA,
-and its own certificate for mTLS). `token_authority` checks tokens when the `auth` section
-asks for JWT tokens and `interceptors` puts it in front of every call.
+`server_ssl_context` turns the `tls` section into the TLS context of every client port and
+link port (a certificate chain, and with `require_client_cert` the CA that client
+certificates must chain to); `channel_credentials` is what a gateway uses to dial brokers
+that serve TLS (their CA, and its own certificate for mTLS). `token_authority` checks
+tokens when the `auth` section asks for JWT tokens and `interceptors` puts it in front of
+every call.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ __all__ = [
     "channel_credentials",
     "client_ssl_context",
     "interceptors",
-    "server_credentials",
     "server_ssl_context",
     "token_authority",
 ]
@@ -38,20 +38,6 @@ def _pem(path: str | None, what: str) -> bytes | None:
         raise ValueError(f"tls.{what} {path}: cannot read ({exc.strerror})") from None
 
 
-def server_credentials(tls: TlsSettings) -> grpc.ServerCredentials | None:
-    """Credentials for a TLS port, or None when `tls.enabled` is off."""
-    if not tls.enabled:
-        return None
-    key = _pem(tls.key_file, "key_file")
-    cert = _pem(tls.cert_file, "cert_file")
-    assert key is not None and cert is not None  # the config validator requires them
-    return grpc.ssl_server_credentials(
-        [(key, cert)],
-        root_certificates=_pem(tls.ca_file, "ca_file"),
-        require_client_auth=tls.require_client_cert,
-    )
-
-
 def channel_credentials(tls: TlsSettings) -> grpc.ChannelCredentials | None:
     """Credentials to dial TLS brokers (None: plaintext), presenting our certificate."""
     if not tls.enabled:
@@ -64,7 +50,8 @@ def channel_credentials(tls: TlsSettings) -> grpc.ChannelCredentials | None:
 
 
 def server_ssl_context(tls: TlsSettings) -> ssl.SSLContext | None:
-    """What `server_credentials` is for the broker's TCP link port (None: plaintext)."""
+    """TLS for a client port (the wire layer adds ALPN h2) or a broker's TCP link port
+    (None: plaintext)."""
     if not tls.enabled:
         return None
     assert tls.cert_file and tls.key_file  # the config validator requires them

@@ -1,0 +1,232 @@
+"""A client port under attack: real broker and gateway processes on a real etcd, a real
+`danube-client` producer as the legitimate client on its own connection, and what each
+attack must leave intact (that client's latency, the server's memory, a log without a
+traceback)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import pytest_asyncio
+import yaml
+
+from ballast.metadata import keys
+from ballast.metadata.etcd import EtcdStore
+from tests.etcd_fixtures import EtcdServer, etcd_server, free_port
+from tests.server.helpers import new_client, wipe
+from tests.server.procs import SRC, started
+
+__all__ = ["etcd_server"]
+
+# The protections, set low enough that a test reaches each in a second or two.
+WIRE = {
+    "max_resets_per_second": 100,
+    "max_settings_per_second": 10,
+    "request_budget_bytes": 16 * 1024 * 1024,
+    "max_connections_per_peer": 5000,
+    "handshake_timeout_seconds": 1.0,
+    "idle_timeout_seconds": 2.0,
+    "write_buffer_high_bytes": 256 * 1024,
+    "write_buffer_max_bytes": 4 * 1024 * 1024,
+}
+TOPIC = "/default/wire-probe"
+# What a legitimate client's send may take while another connection attacks (the issue's
+# gateway took more than 5 s per call during a rapid reset).
+LATENCY_BOUND = 2.0
+# What an attack may add to the server's resident memory (the issue saw +127 MiB for one
+# PING flood, +448 MiB for held request bodies).
+RSS_BOUND = 64 * 1024 * 1024
+
+TARGETS = ["gateway", "broker"]
+
+
+@dataclass(frozen=True)
+class Front:
+    """A client port under test: its address, its process, its log, its metrics."""
+
+    name: str
+    url: str
+    pid: int
+    log: Path
+    metrics_url: str
+
+    def rss(self) -> int:
+        return int(psutil.Process(self.pid).memory_info().rss)
+
+    def events(self) -> dict[str, float]:
+        """`ballast_wire_events` by event, scraped from the process (and a broker's
+        refusals by reason, as ``rejected:<reason>``: its handlers parse requests)."""
+        with urllib.request.urlopen(f"http://{self.metrics_url}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+        found: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("ballast_wire_events_total{"):
+                event = line.split('event="', 1)[1].split('"', 1)[0]
+                found[event] = float(line.rsplit(" ", 1)[1])
+            elif line.startswith("ballast_dataplane_rejected_total{"):
+                reason = "rejected:" + line.split('reason="', 1)[1].split('"', 1)[0]
+                found[reason] = found.get(reason, 0) + float(line.rsplit(" ", 1)[1])
+        return found
+
+
+async def _spawn(args: list[str], log: Path) -> asyncio.subprocess.Process:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": SRC}
+    with log.open("ab") as stderr:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=stderr, env=env
+        )
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=TARGETS)
+async def front(
+    request: pytest.FixtureRequest, etcd_server: EtcdServer, tmp_path_factory: Any
+) -> AsyncIterator[Front]:
+    """One broker and one gateway (processes); the port under test is `request.param`'s."""
+    tmp = tmp_path_factory.mktemp(f"wire-{request.param}")
+    metrics_port, broker_metrics_port = free_port(), free_port()
+    config = tmp / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "load_manager": {"load_report_interval_seconds": 0.5},
+                "broker": {"registration_ttl_seconds": 10, "leader_ttl_seconds": 10},
+                "history": {"enabled": False},
+                "metrics": {"enabled": True, "port": broker_metrics_port},
+                "storage": {"data_dir": str(tmp / "data")},
+                "gateway": {"lookup_wait_seconds": 20, "metrics_port": metrics_port},
+                "wire": WIRE,
+            }
+        )
+    )
+    procs: list[asyncio.subprocess.Process] = []
+    async with EtcdStore(etcd_server.client_url) as store:
+        await wipe(store)
+        try:
+            broker_log = tmp / "broker.log"
+            broker = await _spawn(
+                ["-m", "ballast.cluster.run", "--etcd", etcd_server.client_url,
+                 "--config", str(config), "--id", "w1", "--broker-url", "127.0.0.1:0",
+                 "--log-level", "WARNING"],
+                broker_log,
+            )  # fmt: skip
+            procs.append(broker)
+            await started(broker, "BROKER-STARTED", "broker")
+            if request.param == "broker":
+                kv = await store.get(keys.register("w1"))
+                assert kv is not None
+                yield Front(
+                    "broker", str(kv.value["broker_url"]), broker.pid, broker_log,
+                    f"127.0.0.1:{broker_metrics_port}",
+                )  # fmt: skip
+                return
+            gateway_log = tmp / "gateway.log"
+            gateway = await _spawn(
+                ["-m", "ballast.cli.main", "gateway", "--etcd", etcd_server.client_url,
+                 "--config", str(config), "--listen", "127.0.0.1:0", "--log-level", "WARNING"],
+                gateway_log,
+            )  # fmt: skip
+            procs.append(gateway)
+            url = await started(gateway, "GATEWAY-STARTED", "gateway")
+            yield Front("gateway", url, gateway.pid, gateway_log, f"127.0.0.1:{metrics_port}")
+        finally:
+            for proc in procs:
+                if proc.returncode is None:
+                    proc.terminate()
+            for proc in procs:
+                try:
+                    async with asyncio.timeout(15):
+                        await proc.wait()
+                except TimeoutError:
+                    proc.kill()
+                    await proc.wait()
+            await wipe(store)
+
+
+@dataclass
+class Probe:
+    """A legitimate producer sending one message after another on its own connection."""
+
+    producer: Any
+    latencies: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            began = time.monotonic()
+            try:
+                await asyncio.wait_for(self.producer.send(b"still here"), LATENCY_BOUND * 3)
+            except Exception as exc:  # the assertion names it
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            self.latencies.append(time.monotonic() - began)
+            await asyncio.sleep(0.02)
+
+
+class Watch:
+    """Runs the legitimate client during an attack; afterwards checks that it was served
+    within the bound, that the server's memory stayed bounded and that its log has no
+    traceback."""
+
+    def __init__(self, front: Front, producer: Any) -> None:
+        self.front = front
+        self.probe = Probe(producer)
+        self.stop = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self.rss_before = 0
+        self.events_before: dict[str, float] = {}
+
+    async def __aenter__(self) -> Watch:
+        self.rss_before = self.front.rss()
+        self.events_before = await asyncio.to_thread(self.front.events)
+        self.log_before = self.front.log.stat().st_size
+        self.task = asyncio.create_task(self.probe.run(self.stop))
+        while not self.probe.latencies:  # served once before the attack starts
+            await asyncio.sleep(0.01)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        # The attack over, the client goes on a little: it must still be served after it.
+        settled = len(self.probe.latencies)
+        while len(self.probe.latencies) < settled + 5 and not self.task.done():  # type: ignore[union-attr]
+            await asyncio.sleep(0.02)
+        self.stop.set()
+        assert self.task is not None
+        await self.task
+
+    async def counted(self) -> dict[str, float]:
+        """Events counted since the attack began."""
+        after = await asyncio.to_thread(self.front.events)
+        counted = {k: v - self.events_before.get(k, 0) for k, v in after.items()}
+        return {k: v for k, v in counted.items() if v}
+
+    def check(self) -> None:
+        probe = self.probe
+        assert not probe.errors, f"the legitimate client failed: {probe.errors[:3]}"
+        worst = max(probe.latencies)
+        assert worst < LATENCY_BOUND, f"a legitimate send took {worst:.2f} s"
+        grown = self.front.rss() - self.rss_before
+        assert grown < RSS_BOUND, f"the server grew by {grown >> 20} MiB"
+        with self.front.log.open("rb") as log:
+            log.seek(self.log_before)
+            text = log.read().decode(errors="replace")
+        assert "Traceback" not in text, text[-3000:]
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def watch(front: Front) -> AsyncIterator[Watch]:
+    client = await new_client(front.url)
+    producer = client.new_producer().with_topic(TOPIC).with_name("legit").build()
+    await producer.create()
+    try:
+        yield Watch(front, producer)
+    finally:
+        await producer.close()
