@@ -448,21 +448,22 @@ class DataPlaneHost:
         self.consumers[handle.id] = handle
         self._update_gauges()
 
-    def on_close_sent(self, handle: ConsumerHandle) -> None:
-        """A departing consumer was told CLOSE: send it nothing more, end its stream soon.
+    def on_close_sent(self, handle: ConsumerHandle) -> asyncio.Task[Any] | None:
+        """A departing consumer is told CLOSE: send it nothing more, end its stream soon.
 
         The client drops whatever reaches it after CLOSE, so what still waits in the
         stream's queue is not sent: the new owner delivers it (the relay gives it back, or
         it comes after the cursor). The stream ends just after; the client re-subscribes.
+        Returns the relay's give-back under way, which the CLOSE answer waits for.
         """
         if handle.close_sent:
-            return
+            return None
         handle.close_sent = True
         unsent = drain(handle.queue) if handle.queue is not None else []
         relay = self._relays.get(handle.id)
-        if relay is not None:
-            relay.end_stream(unsent, self.clock.now())
+        given_back = relay.end_stream(unsent, self.clock.now()) if relay is not None else None
         self._later(CLOSE_AFTER_HEALTH_SECONDS, self._forget_consumer, handle)
+        return given_back
 
     def _drop_relay(self, handle: ConsumerHandle) -> None:
         relay = self._relays.pop(handle.id, None)

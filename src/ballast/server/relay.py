@@ -90,8 +90,9 @@ class ConsumerRelay:
         if self.task is not None and not self.task.done():
             self.task.cancel()
 
-    def end_stream(self, unsent: list[Delivery], now: float) -> None:
-        """Stop feeding the client (it was told CLOSE); acks still pass on until `stop`.
+    def end_stream(self, unsent: list[Delivery], now: float) -> asyncio.Task[Any] | None:
+        """Stop feeding the client (it is told CLOSE); acks still pass on until `stop`.
+        Returns the give-back under way, if any: CLOSE waits for it (see `give_back`).
 
         The relay's stream ends; the new owner keeps what the client received for it to
         ack (the stream is marked as a relay's), and takes back at once, in order, what
@@ -109,12 +110,15 @@ class ConsumerRelay:
             for sent_at, d in self.handle.recent
             if now - sent_at <= IN_HAND_SECONDS and d.offset not in self._acked
         ]
-        self.give_back([d.message for d in [*suspect, *unsent] if d.relayed])
+        return self.give_back([d.message for d in [*suspect, *unsent] if d.relayed])
 
-    def give_back(self, messages: list[Any]) -> None:
-        """Nack relayed messages the client never received (in the background)."""
+    def give_back(self, messages: list[Any]) -> asyncio.Task[Any] | None:
+        """Nack relayed messages the client never received (in the background); the task.
+
+        The client is told CLOSE only once they are back at the new owner: re-attached
+        there before, it would get the next messages first and these after them."""
         if not messages or self.stub is None:
-            return
+            return None
         stub = self.stub
         metadata = self.dialer.metadata()
         requests = [
@@ -129,8 +133,8 @@ class ConsumerRelay:
                     await stub.Nack(request, timeout=RPC_TIMEOUT, metadata=metadata)
 
         if self._tasks is None or not self._tasks.running:
-            return  # the server is stopping: the new owner redelivers them anyway
-        self._tasks.spawn_contained(nack_all(), f"relay{self.topic}/give-back")
+            return None  # the server is stopping: the new owner redelivers them anyway
+        return self._tasks.spawn_contained(nack_all(), f"relay{self.topic}/give-back")
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -87,6 +87,8 @@ def _owned(binding: Binding | None, needed: tuple[Permission, ...], what: str) -
 # A new topic's first producer waits for its placement in steps of this, looking for an
 # owner elsewhere in between (then the client is sent on; the assignment here wakes it at once).
 _PLACEMENT_POLL_SECONDS = 0.2
+# A CLOSE answer waits at most this long for the relay's give-back (see `relay`).
+_GIVE_BACK_WAIT_SECONDS = 1.0
 _PRODUCE = (Permission.PRODUCE,)
 _CONSUME = (Permission.CONSUME,)
 
@@ -473,7 +475,11 @@ class DataPlaneService(
                 return pb.HealthCheckResponse(status=HEALTH_CLOSE)
             _owned(handle.owner, _CONSUME, f"consumer {request.id}")
             if handle.closing:
-                self.host.on_close_sent(handle)
+                given_back = self.host.on_close_sent(handle)
+                if given_back is not None:
+                    # What the relay gives back is at the new owner before the client can
+                    # re-attach there: it comes first, in order (bounded wait).
+                    await asyncio.wait({given_back}, timeout=_GIVE_BACK_WAIT_SECONDS)
                 return pb.HealthCheckResponse(status=HEALTH_CLOSE)
             handle.last_seen = now
             return pb.HealthCheckResponse(status=HEALTH_OK)
