@@ -60,6 +60,13 @@ def test_tune_replays_every_configuration_and_recommends(
     assert moves[(True, 10)] == live_moves
     assert 0 < moves[(True, 2)] <= 4 < live_moves
     assert moves[(False, 2)] == moves[(False, 10)] == 0
+    # Replayed with the configuration the cluster ran, the replay is faithful.
+    reproduced = {
+        (s["rebalancing.enabled"], s["rebalancing.max_moves_per_hour"]): share
+        for s, share in zip(settings, table["live_moves_reproduced"], strict=True)
+    }
+    assert reproduced[(True, 10)] >= 0.9
+    assert reproduced[(False, 10)] == 0.0
     for column in (
         "moved_mbps",
         "cv_p50",
@@ -78,6 +85,7 @@ def test_tune_replays_every_configuration_and_recommends(
 
     summary = json.loads((out / "tuning.json").read_text())
     assert len(summary["configurations"]) == 4
+    assert summary["live_moves"] == live_moves
     front = summary["pareto"]
     assert set(front) == set(table.loc[table["pareto"], "config_id"])
     # The fewest moves are always on the front; the live configuration's more balanced

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from ballast.config import ConfigError, LoadManagerConfig, Strategy
-from ballast.simulate.replay import ReplayResult, ReplaySample
+from ballast.model import Move
+from ballast.simulate.replay import RecordedMove, ReplayResult, ReplaySample
 from ballast.simulate.tuning import (
     Measure,
     Outcome,
@@ -78,7 +79,7 @@ def test_grid_file(tmp_path: Path) -> None:
 
 
 def _outcome(config_id: int, moves: int, cv_p95: float, above: float = 0.0) -> Outcome:
-    return Outcome(config_id, {}, moves, 0.0, cv_p95, cv_p95, cv_p95, above, 0.0, 0, 0.0)
+    return Outcome(config_id, {}, moves, 0.0, cv_p95, cv_p95, cv_p95, above, 0.0, 0, 0.0, 0.0)
 
 
 def test_pareto_front() -> None:
@@ -123,9 +124,12 @@ def test_outcome_figures() -> None:
         ReplaySample(t=30.0 * i, cv=cv, recorded_cv=None, overloaded=over, brokers=3)
         for i, (cv, over) in enumerate([(0.5, 2), (0.4, 1), (0.2, 0), (0.1, 0)])
     )
-    result = ReplayResult(LoadManagerConfig(), 30.0, samples, (), 1.5, 0, 0, 0)
-    o = outcome(7, {"a": 1}, result, Measure(Strategy.BALANCED, 0.3), 0.25)
-    assert (o.config_id, o.moves, o.moved_mbps) == (7, 0, 1.5)
+    moved = (Move("/n/x", "a", "b", timestamp=600.0),)
+    result = ReplayResult(LoadManagerConfig(), 30.0, samples, moved, 1.5, 0, 0, 0)
+    live = (RecordedMove("/n/x", "a", "b", 610.0), RecordedMove("/n/y", "a", "b", 610.0))
+    o = outcome(7, {"a": 1}, result, Measure(Strategy.BALANCED, 0.3), 0.25, live)
+    assert (o.config_id, o.moves, o.moved_mbps) == (7, 1, 1.5)
+    assert o.live_moves_reproduced == 0.5  # /n/x, not /n/y
     assert o.cv_max == 0.5
     assert o.cv_p50 == pytest.approx(0.3)
     assert o.minutes_above_threshold == 1.0  # two 30-second steps above 0.3

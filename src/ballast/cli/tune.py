@@ -59,7 +59,8 @@ def _summary(result: object, console: Console) -> None:
     assert isinstance(result, TuneResult)
     by_id = {o.config_id: o for o in result.outcomes}
     table = Table(title="Pareto front: moves against CV p95", title_justify="left")
-    for column in ("id", "settings", "moves", "CV p95", "CV max", "min above", "overloaded"):
+    columns = ("id", "settings", "moves", "CV p95", "CV max", "min above", "overloaded", "live")
+    for column in columns:
         table.add_column(column)
     for config_id in result.pareto:
         o = by_id[config_id]
@@ -73,11 +74,13 @@ def _summary(result: object, console: Console) -> None:
             f"{o.cv_max:.1%}",
             f"{o.minutes_above_threshold:.0f}",
             f"{o.broker_minutes_overloaded:.0f}",
+            f"{o.live_moves_reproduced:.0%}",
         )
     console.print(table)
     console.print(
         f"{len(result.outcomes)} configurations replayed over {result.reports} reports "
-        f"({result.brokers} brokers, {result.topics} topics) in "
+        f"({result.brokers} brokers, {result.topics} topics, {result.live_moves} recorded "
+        "rebalancing moves; `live`: the share of them a configuration's replay reproduces) in "
         + ", ".join(f"{k} {v:.1f}s" for k, v in result.seconds.items())
     )
     console.print(

@@ -40,7 +40,13 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from ballast.pipeline import compact
 from ballast.pipeline.schemas import COLUMNAR_SCHEMAS
-from ballast.simulate.replay import RecordedHistory, ReplayOptions, replay
+from ballast.simulate.replay import (
+    RecordedHistory,
+    RecordedMove,
+    ReplayOptions,
+    recorded_moves,
+    replay,
+)
 from ballast.simulate.tuning import (
     Grid,
     Outcome,
@@ -98,6 +104,7 @@ class TuneResult:
     reports: int
     brokers: int
     topics: int
+    live_moves: int  # the rebalancing moves the history shows
     start: float
     end: float
     outputs: Mapping[str, str]
@@ -146,15 +153,20 @@ def read_history(
 
 
 def _replay_one(
-    history: RecordedHistory, grid: Grid, config_id: int, settings: Mapping[str, Any]
+    recorded: tuple[RecordedHistory, tuple[RecordedMove, ...]],
+    grid: Grid,
+    config_id: int,
+    settings: Mapping[str, Any],
 ) -> Outcome:
     """One Spark task: one configuration's replay."""
     started = time.perf_counter()
     options = ReplayOptions(
         measure_strategy=grid.measure.strategy, overload_percent=grid.measure.overload_percent
     )
+    history, live = recorded
     result = replay(history, grid.config(settings), options)
-    return outcome(config_id, settings, result, grid.measure, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    return outcome(config_id, settings, result, grid.measure, seconds, live)
 
 
 def replay_grid(
@@ -167,7 +179,8 @@ def replay_grid(
     as tasks finish (polled from Spark's status tracker while the job runs)."""
     sc = spark.sparkContext
     combos = list(enumerate(grid.combinations()))
-    shared = sc.broadcast(history)
+    # The history and the moves it shows, shipped once to every executor.
+    shared = sc.broadcast((history, recorded_moves(history)))
     rdd = sc.parallelize(combos, len(combos)).map(
         lambda item: _replay_one(shared.value, grid, item[0], item[1])
     )
@@ -274,14 +287,15 @@ def _html(result: TuneResult, table: pd.DataFrame, history: str) -> str:
     head = (
         "<th>id</th><th>settings</th><th>moves</th><th>moved MB/s</th><th>CV p50</th>"
         "<th>CV p95</th><th>CV max</th><th>min above threshold</th>"
-        "<th>broker-min overloaded</th><th>Pareto</th>"
+        "<th>broker-min overloaded</th><th>live moves reproduced</th><th>Pareto</th>"
     )
     rows = "".join(
         f"<tr{BOLD if r.recommended else ''}>"
         f"<td>{r.config_id}</td><td>{html.escape(r.settings)}</td><td>{r.moves}</td>"
         f"<td>{r.moved_mbps:.2f}</td><td>{r.cv_p50:.1%}</td><td>{r.cv_p95:.1%}</td>"
         f"<td>{r.cv_max:.1%}</td><td>{r.minutes_above_threshold:.0f}</td>"
-        f"<td>{r.broker_minutes_overloaded:.0f}</td><td>{'yes' if r.pareto else ''}</td></tr>"
+        f"<td>{r.broker_minutes_overloaded:.0f}</td><td>{r.live_moves_reproduced:.0%}</td>"
+        f"<td>{'yes' if r.pareto else ''}</td></tr>"
         for r in table.itertuples()
     )
     return (
@@ -289,7 +303,8 @@ def _html(result: TuneResult, table: pd.DataFrame, history: str) -> str:
         "<body style='font-family:sans-serif'>"
         f"<h1>Tuning on {html.escape(history)}</h1>"
         f"<p>{_iso(result.start)} to {_iso(result.end)}: {result.reports} reports from "
-        f"{result.brokers} brokers, {result.topics} topics; {len(result.outcomes)} "
+        f"{result.brokers} brokers, {result.topics} topics, {result.live_moves} rebalancing moves; "
+        f"{len(result.outcomes)} "
         "configurations replayed through the leader's machine.</p>"
         f"<p><b>Recommended: configuration {chosen.config_id}</b>: "
         f"{html.escape(chosen.reason)} (recommended.yaml).</p>"
@@ -362,6 +377,7 @@ def run_tuning(
         reports=history.reports,
         brokers=len(history.brokers),
         topics=len(history.topics),
+        live_moves=len(recorded_moves(history)),
         start=history.start,
         end=history.end,
         outputs=outputs,
@@ -377,6 +393,7 @@ def run_tuning(
         "reports": history.reports,
         "brokers": len(history.brokers),
         "topics": len(history.topics),
+        "live_moves": result.live_moves,
         "step_seconds": history.report_interval,
         "measure": asdict(grid.measure),
         "base": grid.base,

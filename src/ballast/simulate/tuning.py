@@ -36,7 +36,7 @@ from ballast.config import (
     explain_validation_error,
     lists_to_tuples,
 )
-from ballast.simulate.replay import ReplayResult
+from ballast.simulate.replay import RecordedMove, ReplayResult, fidelity
 
 SECTIONS = ("base", "grid", "measure")
 MEASURE_KEYS = ("strategy", "cv_threshold", "overload_percent")
@@ -212,6 +212,10 @@ class Outcome:
     minutes_above_threshold: float
     broker_minutes_overloaded: float
     failovers: int
+    # The share of the moves the history shows that this replay made (same topic, same
+    # destination, within a check interval and a step): for the configuration the cluster
+    # ran, how faithful the replay is.
+    live_moves_reproduced: float
     replay_seconds: float  # wall time of the replay
 
 
@@ -221,8 +225,12 @@ def outcome(
     result: ReplayResult,
     measure: Measure,
     seconds: float,
+    live: tuple[RecordedMove, ...] = (),
 ) -> Outcome:
-    """Summarise one replay (each sample stands for one step of virtual time)."""
+    """Summarise one replay (each sample stands for one step of virtual time); `live`:
+    the moves the history shows."""
+    tolerance = result.load_manager.rebalancing.check_interval_seconds + result.step_seconds
+    reproduced = fidelity(live, result.moves, tolerance).share
     cvs = np.array([s.cv for s in result.samples], dtype=float)
     step_minutes = result.step_seconds / 60.0
     return Outcome(
@@ -236,6 +244,7 @@ def outcome(
         minutes_above_threshold=float((cvs > measure.cv_threshold).sum() * step_minutes),
         broker_minutes_overloaded=float(sum(s.overloaded for s in result.samples) * step_minutes),
         failovers=result.failovers,
+        live_moves_reproduced=round(reproduced, 4),
         replay_seconds=round(seconds, 3),
     )
 
