@@ -20,12 +20,27 @@ follow from the size), then on local[2]:
 - Spark's peak driver memory: the peak RSS of the driver JVM (in local mode the driver is
   all of Spark), so far in the run (sizes run in increasing order).
 
+Then the tuning figure (`ballast tune`'s replays): one hour of 100 brokers × 10 000
+topics (the generator's history: a broker joins, one dies), read once into a
+`RecordedHistory`, and a grid of `--tuning-configs` configurations replayed through the
+leader's machine as Spark tasks, on `local[1]` and then `local[2]` (a session each, its
+start not counted): configurations replayed per minute, and one replay in-process (no
+Spark) for reference. Then the replay's fidelity: a live in-process cluster
+(`LocalCluster`: the brokers' and the leader's real shells, wall clock, 0.25 s reports,
+1 s checks) records its history while two brokers join; the history is replayed with the
+same configuration and the share of the live moves reproduced (same topic, same
+destination, within a check plus a report interval) is reported with both CV
+trajectories. `--tuning-only` runs just these two; `--no-tuning` and `--no-fidelity` skip
+them.
+
 `--quick` (the test suite's run) generates the smallest history (50k: a quarter of an hour,
 ~56k topic rows) and runs the pandas baseline on it WITHOUT Spark (`--no-spark`): each
 size's Spark fields are left out, `spark_session_start_seconds` and `spark_master` are null.
 Spark on even that size took 80 s of wall time on the loaded 2-core test machine (its own
 JVM, ~15 s, then two `analyze` runs, ~45 s and ~17 s), far more than a quick run may; the
-Spark job itself is covered by `tests/pipeline/` on the suite's shared session.
+Spark job itself is covered by `tests/pipeline/` on the suite's shared session. The
+quick tuning figure is the in-process replay of a small history (6 brokers, 120 topics,
+a quarter of an hour); `ballast tune` on Spark is covered by `tests/pipeline/test_tune.py`.
 """
 
 from __future__ import annotations
@@ -44,6 +59,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from ballast.balance.scoring import (
@@ -52,10 +68,20 @@ from ballast.balance.scoring import (
     topic_load_score,
     weighted_load_score,
 )
+from ballast.pipeline.arrow_compact import convert
 from ballast.pipeline.generate import GeneratorSpec, generate_history
 from ballast.pipeline.job import AnalyzeOptions, run_analysis
 from ballast.pipeline.session import build_session
 from ballast.pipeline.transforms import add_usage_ewma
+from ballast.pipeline.tune import replay_grid
+from ballast.simulate.replay import (
+    RecordedHistory,
+    ReplayOptions,
+    fidelity,
+    recorded_moves,
+    replay,
+)
+from ballast.simulate.tuning import parse_grid
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.cli import emit, parse_args
@@ -309,6 +335,188 @@ def spark_run(
     return fields, first_seconds, analysis_seconds
 
 
+# The tuning figure's history, full size and quick; and the grid whose first
+# `--tuning-configs` combinations are replayed.
+TUNING_SIZE = {"brokers": 100, "topics": 10_000, "hours": 1.0}
+TUNING_QUICK_SIZE = {"brokers": 6, "topics": 120, "hours": 0.25}
+TUNING_AXES: dict[str, list[Any]] = {
+    "rebalancing.cv_threshold": [0.2, 0.3, 0.4],
+    "rebalancing.max_moves_per_hour": [5, 10, 20],
+    "assignment_strategy": ["balanced", "fair"],
+}
+
+
+def _recorded(history: str) -> RecordedHistory:
+    """The history's reports converted by the compaction's own Arrow path, in-process:
+    the figure is the replays', not the compaction's (measured above)."""
+    topics, brokers = [], []
+    for index, path in enumerate(sorted(Path(history).glob("date=*/hour=*/*.jsonl"))):
+        t, b = convert(path.read_bytes(), index, str(path))
+        topics.append(t)
+        brokers.append(b)
+    t_all, b_all = pa.concat_tables(topics), pa.concat_tables(brokers)
+    return RecordedHistory.from_columns(
+        {c: b_all.column(c).to_numpy(zero_copy_only=False) for c in b_all.column_names},
+        {c: t_all.column(c).to_numpy(zero_copy_only=False) for c in t_all.column_names},
+    )
+
+
+def _grid_of(configs: int) -> dict[str, Any]:
+    """A grid of `configs` combinations: the first axis values that multiply to it."""
+    axes: dict[str, list[Any]] = {}
+    left = configs
+    for key, values in TUNING_AXES.items():
+        take = next(n for n in range(min(left, len(values)), 0, -1) if left % n == 0)
+        axes[key] = values[:take]
+        left //= take
+    if left != 1:
+        raise SystemExit(f"--tuning-configs {configs}: use a divisor of 18 (2, 3, 4, 6, 9, 18)")
+    return {"base": {"rebalancing": {"enabled": True}}, "grid": axes}
+
+
+def _live_cluster(history: str, report: float, check: float, topics: int) -> int:
+    """A live in-process cluster (`LocalCluster`: the brokers' and the leader's real
+    shells over a `MemoryStore`, the wall clock, mixed traffic) records its history: two
+    brokers take `topics` topics, two more join and rebalancing spreads the load. Returns
+    the moves in the store's rebalancing history."""
+    import asyncio
+
+    from ballast.clock import SystemClock
+    from ballast.cluster import AdminClient, LocalCluster
+    from ballast.cluster.host import mixed_profiles
+    from ballast.metadata.memory import MemoryStore
+
+    config = _live_config(report, check)
+
+    async def run() -> int:
+        clock = SystemClock()
+        async with MemoryStore(clock) as store:
+            admin = AdminClient(store, clock, config)
+            async with LocalCluster(
+                store, clock, config, profiles=mixed_profiles, history_dir=history
+            ) as cluster:
+                for broker in ("b1", "b2"):
+                    await cluster.start_broker(broker)
+                await cluster.wait_leader()
+                await admin.create_topics(f"/live/t{i:03d}" for i in range(topics))
+                await asyncio.sleep(6 * check)
+                for broker in ("b3", "b4"):
+                    await cluster.start_broker(broker)
+                await asyncio.sleep(20 * check)
+                return len(await admin.history())
+
+    return asyncio.run(run())
+
+
+def _live_config(report: float, check: float) -> Any:
+    from ballast.config import parse_config
+
+    return parse_config(
+        {
+            "load_manager": {
+                "load_report_interval_seconds": report,
+                "assignment_strategy": "balanced",
+                "rebalancing": {
+                    "enabled": True,
+                    "check_interval_seconds": check,
+                    "cooldown_seconds": 0,
+                    "min_topic_age_seconds": 0,
+                    "max_moves_per_hour": 10_000,
+                },
+            },
+            "broker": {"registration_ttl_seconds": 2.0, "leader_ttl_seconds": 2.0},
+            "metrics": {"enabled": False},
+        }
+    )
+
+
+def live_fidelity(workdir: str, report: float = 0.25, check: float = 1.0) -> dict[str, Any]:
+    """The share of a live cluster's moves a replay with its configuration reproduces
+    (same topic, same destination, within one check interval plus one report interval),
+    and both CV trajectories."""
+    history = os.path.join(workdir, "history-live")
+    shutil.rmtree(history, ignore_errors=True)
+    store_moves = _live_cluster(history, report, check, topics=60)
+    recorded = _recorded(history)
+    shutil.rmtree(history, ignore_errors=True)
+    live = recorded_moves(recorded)
+    result = replay(
+        recorded, _live_config(report, check).load_manager, ReplayOptions(recorded_cv=True)
+    )
+    tolerance = check + recorded.report_interval
+    match = fidelity(live, result.moves, tolerance)
+    step = max(1, len(result.samples) // 12)
+    return {
+        "report_interval_seconds": report,
+        "check_interval_seconds": check,
+        "reports": recorded.reports,
+        "store_moves": store_moves,
+        "live_moves": match.live_moves,
+        "replay_moves": match.replay_moves,
+        "reproduced": match.reproduced,
+        "share": round(match.share, 3),
+        "tolerance_seconds": round(tolerance, 3),
+        "cv": [
+            {
+                "t": round(s.t - recorded.start, 1),
+                "replay": round(s.cv, 3),
+                "live": round(s.recorded_cv or 0.0, 3),
+            }
+            for s in result.samples[::step]
+        ],
+    }
+
+
+def tuning_run(
+    workdir: str, size: dict[str, float], configs: int, masters: list[str], driver_memory: str
+) -> dict[str, Any]:
+    """Configurations replayed per minute: in-process, then on each Spark master."""
+    history = os.path.join(workdir, "history-tuning")
+    shutil.rmtree(history, ignore_errors=True)
+    spec = GeneratorSpec(
+        brokers=int(size["brokers"]), topics=int(size["topics"]), hours=size["hours"], seed=1
+    )
+    gen = generate_history(spec, history)
+    t0 = time.perf_counter()
+    recorded = _recorded(history)
+    read_seconds = time.perf_counter() - t0
+    shutil.rmtree(history, ignore_errors=True)
+    grid = parse_grid(_grid_of(configs), "bench grid")
+    t0 = time.perf_counter()
+    one = replay(recorded, grid.config(grid.combinations()[0]), ReplayOptions())
+    one_seconds = time.perf_counter() - t0
+    entry: dict[str, Any] = {
+        **size,
+        "reports": recorded.reports,
+        "topic_rows": gen.topic_rows,
+        "read_seconds": round(read_seconds, 2),
+        "configurations": len(grid.combinations()),
+        "in_process_replay_seconds": round(one_seconds, 2),
+        "in_process_configurations_per_minute": round(60 / one_seconds, 2),
+        "moves_of_first_configuration": len(one.moves),
+    }
+    for master in masters:
+        spark = build_session(master, app_name="ballast-bench-tune", driver_memory=driver_memory)
+        try:
+            t0 = time.perf_counter()
+            outcomes = replay_grid(spark, recorded, grid)
+            seconds = time.perf_counter() - t0
+        finally:
+            spark.stop()
+        entry[master] = {
+            "seconds": round(seconds, 2),
+            "configurations_per_minute": round(len(outcomes) * 60 / seconds, 2),
+        }
+        print(json.dumps({master: entry[master]}), file=sys.stderr, flush=True)
+    if "local[1]" in entry and "local[2]" in entry:
+        entry["local2_over_local1"] = round(
+            entry["local[2]"]["configurations_per_minute"]
+            / entry["local[1]"]["configurations_per_minute"],
+            2,
+        )
+    return entry
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -326,20 +534,38 @@ def main() -> None:
     parser.add_argument(
         "--no-spark", action="store_true", help="skip Spark: generate and the pandas baseline"
     )
-    args = parse_args(parser, quick={"sizes": "50k", "no_spark": True})
+    parser.add_argument("--no-tuning", action="store_true", help="skip the tuning figure")
+    parser.add_argument(
+        "--tuning-only",
+        action="store_true",
+        help="only the tuning figure and the replay's fidelity (no analyze sizes)",
+    )
+    parser.add_argument(
+        "--no-fidelity", action="store_true", help="skip the live cluster's fidelity figure"
+    )
+    parser.add_argument(
+        "--tuning-configs", type=int, default=4, help="configurations replayed per master"
+    )
+    args = parse_args(
+        parser, quick={"sizes": "50k", "no_spark": True, "tuning_configs": 2, "no_fidelity": True}
+    )
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
         parser.error(f"unknown size(s) {unknown}: choose from {', '.join(SIZES)}")
+    if args.tuning_only:
+        sizes = []
     workdir = args.workdir or tempfile.mkdtemp(prefix="ballast-bench-")
     started = time.perf_counter()
     spark = None
-    if not args.no_spark:
+    if not args.no_spark and sizes:
         spark = build_session(
             "local[2]", app_name="ballast-bench", driver_memory=args.driver_memory
         )
     session_seconds = round(time.perf_counter() - started, 2) if spark is not None else None
     results = []
+    tuning: dict[str, Any] | None = None
+    replay_fidelity: dict[str, Any] | None = None
     try:
         for size in sizes:
             history = os.path.join(workdir, f"history-{size}")
@@ -388,6 +614,22 @@ def main() -> None:
             print(json.dumps(entry), file=sys.stderr, flush=True)
             shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(history, ignore_errors=True)
+        if spark is not None:
+            spark.stop()
+            spark = None
+        if not args.no_tuning:
+            # Sessions one after the other: one SparkContext per process.
+            tuning = tuning_run(
+                workdir,
+                TUNING_QUICK_SIZE if args.quick else TUNING_SIZE,
+                args.tuning_configs,
+                [] if args.no_spark else ["local[1]", "local[2]"],
+                args.driver_memory,
+            )
+            print(json.dumps({"tuning": tuning}), file=sys.stderr, flush=True)
+        if not args.no_fidelity:
+            replay_fidelity = live_fidelity(workdir)
+            print(json.dumps({"fidelity": replay_fidelity}), file=sys.stderr, flush=True)
     finally:
         if spark is not None:
             spark.stop()
@@ -403,6 +645,8 @@ def main() -> None:
             },
             "spark_session_start_seconds": session_seconds,
             "results": results,
+            "tuning": tuning,
+            "replay_fidelity": replay_fidelity,
         }
     )
 

@@ -69,7 +69,13 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "details.moves_and_kills",
     ),
     # --quick skips Spark (see its docstring): the pandas side only.
-    "bench_pipeline": ("benchmark", "results.0.topic_rows", "results.0.pandas.seconds"),
+    "bench_pipeline": (
+        "benchmark",
+        "results.0.topic_rows",
+        "results.0.pandas.seconds",
+        "tuning.configurations",
+        "tuning.in_process_configurations_per_minute",
+    ),
     # --quick skips Spark (see its docstring): the local engine only.
     "bench_replicas": ("benchmark", "local.replica_moves", "local.lower_bound"),
     "bench_shedding": ("core.threshold.median_ms", "from_snapshot_threshold.moves"),

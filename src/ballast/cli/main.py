@@ -15,6 +15,7 @@ from ballast.cli import (
     quotas,
     schemas,
     simulate,
+    tune,
 )
 
 app = typer.Typer(
@@ -35,6 +36,7 @@ data.register(app)
 simulate.register(app)
 pipeline.register(app)
 plan.register(app)
+tune.register(app)
 
 
 def main() -> None:

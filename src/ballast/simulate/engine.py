@@ -27,7 +27,7 @@ from ballast.balance.imbalance import measure
 from ballast.balance.pulsar.bundles import BundleError, NamespaceBundles
 from ballast.balance.rebalance import active_scores
 from ballast.config import BallastConfig
-from ballast.leader import Bootstrap, LeaderMachine, Ready, Tick, Watched
+from ballast.leader import Bootstrap, HistoryRecord, LeaderMachine, Ready, Tick, Watched
 from ballast.leader import Event as MachineEvent
 from ballast.leader.broker_machine import BrokerEffect, BrokerMachine, GiveBack, Load, Unload
 from ballast.leader.perform import drive
@@ -56,6 +56,22 @@ from ballast.simulate.scenario import BrokerSpec, Event, GrowSpec, Scenario, Top
 
 EPOCH = 1_700_000_000.0  # virtual time starts here; scenario times are offsets
 LEADER = "sim-leader"
+
+
+def modelled_usage(
+    loads: tuple[TopicLoad, ...], cpu_capacity: float = 1.0, mem_capacity: float = 1.0
+) -> tuple[float, float]:
+    """(CPU %, memory %) a broker serving `loads` shows, unclipped.
+
+    A simple cost model: traffic and topic count cost CPU and memory, scaled by the
+    broker's capacity, so heterogeneous hardware shows up in the Balanced score. A replay
+    (`simulate.replay`) uses it for the part of a recorded broker's usage that follows
+    its topics."""
+    mbps = sum(t.byte_rate for t in loads) / 1e6
+    kmsgs = sum(t.msg_rate for t in loads) / 1e3
+    cpu = 2.0 + (1.5 * mbps + 0.5 * kmsgs + 0.02 * len(loads)) / cpu_capacity
+    mem = 8.0 + (0.6 * mbps + 0.08 * len(loads)) / mem_capacity
+    return cpu, mem
 
 
 @dataclass
@@ -139,6 +155,9 @@ class Simulator:
         # its outcomes produce, and returns every `Ready` in order. The replay test puts the
         # live leader's `LeaderSession` here.
         self.leader: Callable[[MachineEvent], list[Ready]] = self._drive
+        # Where the leader's load-history records go (`None`: dropped), as the live
+        # leader's sink: a simulated cluster records a history a replay can read.
+        self.history_sink: Callable[[HistoryRecord], None] | None = None
         self.inputs: list[MachineEvent] = []
         self.outputs: list[Ready] = []
         self.brokers: dict[BrokerId, BrokerSpec] = {}
@@ -158,12 +177,8 @@ class Simulator:
     def _report(self, broker: BrokerId) -> LoadReport:
         spec = self.brokers[broker]
         loads = tuple(self.topics[t].load(self.now) for t in self.assignments[broker])
+        cpu, mem = modelled_usage(loads, spec.cpu_capacity, spec.mem_capacity)
         mbps = sum(t.byte_rate for t in loads) / 1e6
-        kmsgs = sum(t.msg_rate for t in loads) / 1e3
-        # A simple cost model: traffic and topic count cost CPU and memory, scaled by the
-        # broker's capacity, so heterogeneous hardware shows up in the Balanced score.
-        cpu = 2.0 + (1.5 * mbps + 0.5 * kmsgs + 0.02 * len(loads)) / spec.cpu_capacity
-        mem = 8.0 + (0.6 * mbps + 0.08 * len(loads)) / spec.mem_capacity
         return LoadReport(
             broker,
             self.now,
@@ -338,6 +353,9 @@ class Simulator:
     def _observe(self, readies: list[Ready]) -> None:
         self.outputs += readies
         for ready in readies:
+            if self.history_sink is not None:
+                for record in ready.history:
+                    self.history_sink(record)
             if ready.decision is not None:
                 self._decision = ready.decision
             self._moves += ready.moved
