@@ -1,6 +1,6 @@
 """The gRPC handlers of Danube's client protocol: Discovery, producers, consumers, health.
 
-The rules come from ``../shared/reference/danube-client-protocol.md`` (section 9):
+The rules, as the published `danube-client` (0.5.0) expects a broker to behave:
 
 - every broker answers TopicLookup for every topic from the metadata: Connect when it
   owns the topic, Redirect to the owner otherwise; while a topic waits for an owner the
