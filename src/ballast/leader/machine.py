@@ -20,8 +20,9 @@ once every outcome is back it decides again. A round is, in this order:
    a source acknowledges a send only once it is committed under its claim on the topic,
    and the new owner's claim makes every later commit of the source fail (a live source
    answers well within the timeout: sealed, or handed over with ``unsealed``);
-5. drain: a draining broker's topics get ``unload`` markers (`plan_drain`); once it owns
-   nothing and nothing waits for its seal, it is ``drained``;
+5. drain: a draining broker's topics get ``unload`` markers (`plan_drain`), those with
+   clients first and the rest once those are placed; once it owns nothing and nothing
+   waits for its seal, it is ``drained``;
 6. ownership records: an assignment without its record gets one; a record without its
    assignment is removed (both come only from tools that predate the record);
 7. unloads of split bundles (Pulsar, `auto_unload_split_bundles_enabled`): the topics of
@@ -577,11 +578,19 @@ class LeaderMachine:
         return intents
 
     def _drain(self, broker: BrokerId, now: float) -> list[Intent]:
-        """Unload a draining broker's topics; mark it drained once nothing is left."""
+        """Unload a draining broker's topics; mark it drained once nothing is left.
+
+        Topics with clients (per the broker's last report) go first, on their own; the
+        others once those are placed: a live topic then opens on its new owner without
+        hundreds of idle topics opening beside it (its clients' pause is one move's)."""
         owned = dict(self.view.topics_of(broker))
         if owned:
+            live = {t for t in self._busy(broker) if t in owned}
+            if not live and self._unloading(broker):
+                return []  # the live topics are still moving: the rest after them
             markers = plan_drain(self.view.snapshot(pending=False), broker, now)
-            unloads = tuple(Unload(t, broker, owned[t], m) for t, m in markers if t in owned)
+            first = live if live and len(live) < len(owned) else owned.keys()
+            unloads = tuple(Unload(t, broker, owned[t], m) for t, m in markers if t in first)
             return [Drain(broker, unloads)] if unloads else []
         sealing = any(
             p.marker.from_broker == broker and not p.marker.ready
@@ -590,6 +599,21 @@ class LeaderMachine:
         if sealing:
             return []  # still sealing: drained means nothing of it is left anywhere
         return [Drained(broker, self.view.state_revisions.get(broker, 0))]
+
+    def _busy(self, broker: BrokerId) -> set[str]:
+        """The broker's topics with clients or traffic in its last report."""
+        report = self.view.reports.get(broker)
+        if report is None:
+            return set()
+        return {
+            t.topic
+            for t in report.topics
+            if t.producers or t.consumers or t.msg_rate > 0 or t.byte_rate > 0
+        }
+
+    def _unloading(self, broker: BrokerId) -> bool:
+        """Whether topics unloaded from `broker` still wait for a new owner."""
+        return any(p.marker.from_broker == broker for p in self.view.markers.values())
 
     def _repair_ownership(self) -> list[Intent]:
         """Ownership records out of step with assignments (written by older tools).
