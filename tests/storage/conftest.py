@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,3 +43,11 @@ def config() -> StorageConfig:
         upload_retry_max_seconds=0.01,
         retention_seconds=60.0,
     )
+
+
+@pytest.fixture
+def kw(
+    object_store: FsspecObjectStore, metadata: MemoryStore, clock: FakeClock, config: StorageConfig
+) -> dict[str, Any]:
+    """What every `ReliableTopic` of a test shares (`make_topic(..., **kw)`)."""
+    return {"objects": object_store, "metadata": metadata, "clock": clock, "config": config}

@@ -36,13 +36,6 @@ from .helpers import collect, make_topic, payload
 __all__ = ["etcd_server"]
 
 
-@pytest.fixture
-def kw(
-    object_store: FsspecObjectStore, metadata: MemoryStore, clock: FakeClock, config: StorageConfig
-) -> dict[str, Any]:
-    return {"objects": object_store, "metadata": metadata, "clock": clock, "config": config}
-
-
 def stream_for(broker: str, kw: dict[str, Any], stats: StorageStats) -> CommitStream:
     return CommitStream(
         kw["objects"],

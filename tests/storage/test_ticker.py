@@ -7,13 +7,10 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from ballast.clock import FakeClock
-from ballast.metadata import MemoryStore, keys
+from ballast.metadata import keys
 from ballast.storage import (
     CommitStream,
-    FsspecObjectStore,
     InitialPosition,
     StorageConfig,
     StorageStats,
@@ -22,13 +19,6 @@ from ballast.storage.retention import RetentionPolicies
 from ballast.storage.ticker import Ticker
 
 from .helpers import eventually, make_topic, payload
-
-
-@pytest.fixture
-def kw(
-    object_store: FsspecObjectStore, metadata: MemoryStore, clock: FakeClock, config: StorageConfig
-) -> dict[str, Any]:
-    return {"objects": object_store, "metadata": metadata, "clock": clock, "config": config}
 
 
 async def test_the_ticker_wakes_what_asked_once_at_its_next_tick(clock: FakeClock) -> None:

@@ -38,13 +38,6 @@ from .helpers import FlakyObjectStore, advancing, collect, eventually, make_topi
 __all__ = ["etcd_server"]
 
 
-@pytest.fixture
-def kw(
-    object_store: FsspecObjectStore, metadata: MemoryStore, clock: FakeClock, config: StorageConfig
-) -> dict[str, Any]:
-    return {"objects": object_store, "metadata": metadata, "clock": clock, "config": config}
-
-
 async def append_range(topic: Any, start: int, stop: int) -> None:
     for offset in range(start, stop):
         assert await topic.append(payload(offset)) == offset
