@@ -321,13 +321,14 @@ def register(app: typer.Typer) -> None:
             AnalyzeOptions,
             PipelineError,
             parse_duration,
-            parse_time,
+            parse_range,
             run_analysis,
         )
         from ballast.pipeline.session import build_session
 
         console = Console(stderr=True)
         try:
+            first, last = parse_range(start, end)
             options = AnalyzeOptions(
                 history=history,
                 out=out,
@@ -338,15 +339,9 @@ def register(app: typer.Typer) -> None:
                 config=load_config(config),
                 max_moves=max_moves,
                 storage_options=_storage_options(storage_option, console),
-                start=parse_time(start) if start else None,
-                end=parse_time(end) if end else None,
+                start=first,
+                end=last,
             )
-            if (
-                options.start is not None
-                and options.end is not None
-                and options.start >= options.end
-            ):
-                raise PipelineError(f"--from {start} is not before --to {end}")
         except (PipelineError, ConfigError) as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2) from None

@@ -118,26 +118,21 @@ def register(app: typer.Typer) -> None:
             str, typer.Option(help="Driver address executors connect to.")
         ] = "127.0.0.1",
     ) -> None:
-        from ballast.pipeline.job import PipelineError, parse_time
+        from ballast.pipeline.job import PipelineError, parse_range
         from ballast.pipeline.session import build_session
         from ballast.pipeline.tune import TuneError, TuneOptions, run_tuning
         from ballast.simulate.tuning import load_grid
 
         console = Console(stderr=True)
         try:
+            first, last = parse_range(start, end)
             options = TuneOptions(
                 history=history,
                 grid=load_grid(grid),
                 out=out,
-                start=parse_time(start) if start else None,
-                end=parse_time(end) if end else None,
+                start=first,
+                end=last,
             )
-            if (
-                options.start is not None
-                and options.end is not None
-                and options.start >= options.end
-            ):
-                raise PipelineError(f"--from {start} is not before --to {end}")
         except (ConfigError, PipelineError) as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2) from None

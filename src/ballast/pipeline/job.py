@@ -140,6 +140,16 @@ def parse_time(text: str) -> float:
     return when.timestamp()
 
 
+def parse_range(start: str | None, end: str | None) -> tuple[float | None, float | None]:
+    """`--from` / `--to` as epoch seconds (`parse_time`; None: open); the start must come
+    before the end."""
+    first = parse_time(start) if start else None
+    last = parse_time(end) if end else None
+    if first is not None and last is not None and first >= last:
+        raise PipelineError(f"--from {start} is not before --to {end}")
+    return first, last
+
+
 def _iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, tz=UTC).isoformat().replace("+00:00", "Z")
 
