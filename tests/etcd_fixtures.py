@@ -420,6 +420,8 @@ class TcpProxy:
     server behind it keeps running, so other clients can write during the outage.
     `hold_responses = True` swallows everything the server sends back: requests still
     arrive and are applied, but the client never hears (a lost reply, for ambiguity tests).
+    `freeze()` is a gray failure: every connection open now stays open and forwards nothing
+    more in either direction (no reset, no FIN), while new connections work normally.
     """
 
     def __init__(self, target_port: int, port: int | None = None) -> None:
@@ -427,6 +429,7 @@ class TcpProxy:
         self.port = port or free_port()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._frozen: set[asyncio.StreamWriter] = set()  # client sides of frozen connections
         self.hold_responses = False
 
     @property
@@ -447,10 +450,23 @@ class TcpProxy:
         for w in list(self._writers):
             w.transport.abort()
         self._writers.clear()
+        self._frozen.clear()
 
     async def restore(self) -> None:
         """Accept connections again, on the same port."""
         await self.start()
+
+    def freeze(self) -> int:
+        """Freeze every open connection (held open, nothing forwarded); new ones work.
+        Returns how many client connections were frozen."""
+        clients = {w for w in self._writers if w.get_extra_info("sockname")[1] == self.port}
+        self._frozen |= clients
+        return len(clients)
+
+    @property
+    def connections(self) -> int:
+        """Client connections open now (frozen ones included)."""
+        return sum(1 for w in self._writers if w.get_extra_info("sockname")[1] == self.port)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -465,7 +481,7 @@ class TcpProxy:
         ) -> None:
             try:
                 while data := await src.read(65536):
-                    if response and self.hold_responses:
+                    if (response and self.hold_responses) or writer in self._frozen:
                         continue
                     dst.write(data)
                     await dst.drain()
@@ -476,6 +492,7 @@ class TcpProxy:
 
         await asyncio.gather(pump(reader, up_writer, False), pump(up_reader, writer, True))
         self._writers.difference_update((writer, up_writer))
+        self._frozen.discard(writer)
 
 
 @contextlib.asynccontextmanager

@@ -455,6 +455,26 @@ class WireSettings(_Strict):
         return self
 
 
+class ConnectionSettings(_Strict):
+    """`connections`: how every long-lived connection of a process (to etcd, gateway to
+    broker, broker to broker) notices that its peer went silent (packets dropped, a hung
+    host) instead of waiting on a connection that will never answer (docs/gray-failures.md)."""
+
+    keepalive_seconds: float = Field(
+        6.0,
+        gt=0,
+        description="A connection with nothing received for this long is pinged (etcd's "
+        "minimum of 5 s applies to its connections).",
+    )
+    keepalive_timeout_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="A ping not answered within this long drops the connection (counted in "
+        "*_connection_timeouts_total) and it is dialed again; unacknowledged TCP data is given "
+        "up after keepalive_seconds + keepalive_timeout_seconds (TCP_USER_TIMEOUT).",
+    )
+
+
 class BallastConfig(_Strict):
     """The whole broker configuration file."""
 
@@ -468,6 +488,7 @@ class BallastConfig(_Strict):
     auth: AuthSettings = AuthSettings()
     gateway: GatewaySettings = GatewaySettings()
     wire: WireSettings = WireSettings()
+    connections: ConnectionSettings = ConnectionSettings()
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

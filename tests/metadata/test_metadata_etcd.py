@@ -219,6 +219,33 @@ async def test_watch_resumes_after_a_network_outage_with_writes_during_it(
         assert len({(e.key, e.revision) for e in events}) == len(events)
 
 
+async def test_a_frozen_connection_is_noticed_by_its_keepalive_and_the_watch_resumes(
+    etcd_server: EtcdServer, prefix: str
+) -> None:
+    """A gray failure: the watcher's connection stays open and forwards nothing (a hung
+    middlebox, a blackholed path) while new connections work. The keepalive ping goes
+    unanswered, the connection is dropped and counted, and the watch resumes where it was
+    on a new one: within keepalive + timeout (5 + 1 s here), not grpc-core's 60 s."""
+    async with (
+        tcp_proxy(etcd_server.client_port) as proxy,
+        EtcdStore(proxy.url, timeout=10, keepalive=5, keepalive_timeout=1) as watcher,
+        EtcdStore(etcd_server.client_url) as writer,
+    ):
+        watch = watcher.watch_prefix(prefix)
+        await watch.ready()
+        first = await writer.put(prefix + "before", 0)
+        assert (await next_event(watch)).revision == first
+        assert proxy.freeze() == 1
+        during = await writer.put(prefix + "during", 1)
+        started = asyncio.get_running_loop().time()
+        event = await next_event(watch, timeout=20)
+        noticed = asyncio.get_running_loop().time() - started
+        assert (event.key, event.revision) == (prefix + "during", during)
+        assert noticed < 5 + 1 + 3, noticed  # a ping every 5 s, 1 s for its answer, slack
+        assert watcher.connection_timeouts == 1
+        await watch.aclose()
+
+
 async def test_a_failover_by_another_task_does_not_strand_calls_on_the_old_channel(
     etcd_server: EtcdServer, prefix: str
 ) -> None:

@@ -18,7 +18,7 @@ import typer
 
 from ballast.config import BallastConfig, ConfigError, load_config
 from ballast.metadata import MetadataError
-from ballast.metadata.factory import open_store
+from ballast.metadata.factory import etcd_keepalive, open_store
 
 __all__ = ["register", "register_tokens"]
 
@@ -36,7 +36,7 @@ async def run_gateway(etcd: str, config: BallastConfig, listen: str) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    store = open_store(etcd)
+    store = open_store(etcd, **etcd_keepalive(config.connections))
     async with store:
 
         def started(address: str) -> None:

@@ -19,6 +19,7 @@ from prometheus_client import (
 )
 
 from ballast.balance import Imbalance
+from ballast.keepalive import ConnectionTimeouts
 
 
 class ClusterMetrics:
@@ -116,6 +117,8 @@ class ClusterMetrics:
             "Leader sessions that crashed and restarted",
             registry=r,
         )
+        # Connections (etcd, other brokers) dropped because the peer went silent.
+        self.connection_timeouts = ConnectionTimeouts().register(r)
 
     def reject(self, kind: str) -> None:
         """Count one rejected record of `kind`."""

@@ -30,7 +30,7 @@ from ballast.cluster.host import (
 )
 from ballast.cluster.metrics import ClusterMetrics
 from ballast.config import BallastConfig, load_config
-from ballast.metadata.factory import open_store
+from ballast.metadata.factory import etcd_keepalive, open_store
 from ballast.model import BrokerId, validate_broker_id
 from ballast.server import DataPlaneHost, DataPlaneServer
 from ballast.server.directory import DEFAULT_NAMESPACE
@@ -65,9 +65,10 @@ async def serve(
     (once it registered and took part in the election)."""
     broker_id = validate_broker_id(broker_id) if broker_id else default_broker_id(config)
     clock = SystemClock()
-    store = open_store(etcd, clock)
+    store = open_store(etcd, clock, **etcd_keepalive(config.connections))
     async with store:
         metrics = ClusterMetrics(broker_id)
+        metrics.connection_timeouts.watch("etcd", lambda: getattr(store, "connection_timeouts", 0))
         if config.metrics.enabled:
             try:
                 metrics.serve(config.metrics.host, config.metrics.port)

@@ -40,6 +40,7 @@ from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
 from ballast.clock import SystemClock
+from ballast.keepalive import grpc_keepalive_options, is_silent_connection
 from ballast.metadata import _codec
 from ballast.metadata.store import (
     CompactedError,
@@ -102,12 +103,13 @@ _CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
-    # Detect a silently dead member under an open watch. etcd accepts pings every >= 5 s
-    # while a stream is open (its keepalive enforcement policy), so stay above that.
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
 )
+# etcd refuses pings more often than every 5 s while a stream is open (its keepalive
+# enforcement policy answers GOAWAY "too_many_pings"), so the ping interval stays above it.
+ETCD_MIN_KEEPALIVE_SECONDS = 5.0
+DEFAULT_KEEPALIVE_SECONDS = 6.0
+DEFAULT_KEEPALIVE_TIMEOUT_SECONDS = 5.0
 
 
 def parse_endpoints(endpoints: str | Sequence[str]) -> tuple[list[str], bool]:
@@ -216,6 +218,11 @@ class EtcdStore(TxnHelpers):
     - `timeout`: seconds one operation may take, failovers and retries included.
     - `connect_timeout`: seconds to wait for one endpoint before trying the next.
     - `page_size`: keys fetched per range request by `get_prefix`.
+    - `keepalive` / `keepalive_timeout`: a connection silent for `keepalive` seconds is
+      pinged, and dropped (then re-dialed, on the next endpoint) if the ping is not answered
+      within `keepalive_timeout`: a member whose connection froze is noticed within about
+      the sum, even under an open watch. `keepalive` is raised to etcd's minimum of 5 s.
+      `connection_timeouts` counts the connections dropped so.
     """
 
     def __init__(
@@ -230,8 +237,17 @@ class EtcdStore(TxnHelpers):
         timeout: float = 10.0,
         connect_timeout: float = 2.0,
         page_size: int = DEFAULT_PAGE_SIZE,
+        keepalive: float = DEFAULT_KEEPALIVE_SECONDS,
+        keepalive_timeout: float = DEFAULT_KEEPALIVE_TIMEOUT_SECONDS,
     ) -> None:
         self._targets, tls = parse_endpoints(endpoints)
+        if keepalive <= 0 or keepalive_timeout <= 0:
+            raise ValueError("keepalive and keepalive_timeout must be > 0 seconds")
+        self._channel_options = _CHANNEL_OPTIONS + grpc_keepalive_options(
+            max(keepalive, ETCD_MIN_KEEPALIVE_SECONDS), keepalive_timeout
+        )
+        self.connection_timeouts = 0  # connections dropped because their keepalive failed
+        self._timed_out_generation = 0
         if (username is None) != (password is None):
             raise ValueError("etcd authentication needs both username and password")
         if (cert_key is None) != (cert_cert is None):
@@ -295,8 +311,8 @@ class EtcdStore(TxnHelpers):
 
     def _open_channel(self, target: str) -> grpc.aio.Channel:
         if self._credentials is not None:
-            return rpc.secure_channel(target, self._credentials, options=_CHANNEL_OPTIONS)
-        return rpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+            return rpc.secure_channel(target, self._credentials, options=self._channel_options)
+        return rpc.insecure_channel(target, options=self._channel_options)
 
     async def _connection(self, deadline: float) -> _Connection:
         """A connection whose channel is READY, failing over between endpoints."""
@@ -402,6 +418,21 @@ class EtcdStore(TxnHelpers):
             self._index = (self._index + 1) % len(self._targets)
         await conn.drop()
 
+    async def _silent(self, conn: _Connection, what: str) -> None:
+        """`conn`'s keepalive found it silent: count it once, and drop it so that the next
+        call dials again (the next endpoint first) instead of waiting on a hung member."""
+        if self._timed_out_generation == conn.generation:
+            return
+        self._timed_out_generation = conn.generation
+        self.connection_timeouts += 1
+        log.warning(
+            "%s: the connection to etcd %s went silent (no answer to a keepalive ping); "
+            "dialing again",
+            what,
+            conn.target,
+        )
+        await self._rotate(conn.generation)
+
     async def _reauthenticate(self, generation: int) -> None:
         """Forget the token of `generation`; the next `_connection` authenticates again."""
         async with self._conn_lock:
@@ -456,6 +487,8 @@ class EtcdStore(TxnHelpers):
                     code == grpc.StatusCode.CANCELLED and not self._closed
                 ):
                     raise self._translate(what, conn.target, exc) from exc
+                if is_silent_connection(exc):
+                    await self._silent(conn, what)
                 not_sent = any(m in details.lower() for m in _NOT_SENT_MARKERS)
                 if not (retry_after_send or not_sent):
                     raise OutcomeUnknownError(
@@ -703,6 +736,8 @@ class EtcdStore(TxnHelpers):
                     await self._reauthenticate(conn.generation)
                 elif code == grpc.StatusCode.PERMISSION_DENIED:
                     raise self._translate(f"watch {watch.prefix!r}", conn.target, exc) from exc
+                elif is_silent_connection(exc):
+                    await self._silent(conn, f"watch on {watch.prefix!r}")
                 else:
                     # No rotation here: `_connection` fails over if the channel is dead,
                     # and rotating would cut other requests sharing the channel.

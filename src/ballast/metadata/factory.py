@@ -7,11 +7,20 @@ from pathlib import Path
 from typing import Any
 
 from ballast.clock import Clock
+from ballast.config import ConnectionSettings
 from ballast.metadata.etcd import EtcdStore
 from ballast.metadata.memory import MemoryStore
 from ballast.metadata.store import MetadataStore
 
 MEMORY_URLS = ("memory", "memory://")
+
+
+def etcd_keepalive(connections: ConnectionSettings) -> dict[str, float]:
+    """`open_store` options for `EtcdStore`'s keepalive, from the `connections` section."""
+    return {
+        "keepalive": connections.keepalive_seconds,
+        "keepalive_timeout": connections.keepalive_timeout_seconds,
+    }
 
 
 def open_store(
