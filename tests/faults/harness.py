@@ -56,10 +56,12 @@ from ballast.model import Move, TopicName
 from ballast.storage import FsspecObjectStore, load_catalog
 from ballast.storage.stream import SHARED_PREFIX
 from tests.etcd_fixtures import EtcdServer, TcpProxy, free_port
+from tests.faults.netns import Host, Topology
 from tests.server.procs import started
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 TTL = 3  # registration and leader TTL of the brokers (seconds)
+NETNS_TTL = 5  # the same in the network-namespace cases
 SEAL_TIMEOUT = 2
 
 
@@ -78,6 +80,10 @@ class Outcome:
     send_errors: int = 0
     lost_examples: list[str] = field(default_factory=list)
     failover_s: float = 0.0  # a host loss: until every topic had a new owner
+    # From the fault's reference instant (its start, or the end of an outage) until every
+    # topic's producers flow again: acknowledged sends with no pause over `FLOWING_GAP`.
+    flowing_s: float = 0.0
+    measures: dict[str, float] = field(default_factory=dict)  # case-specific figures
 
     @property
     def ok(self) -> bool:
@@ -157,6 +163,8 @@ class FaultRun:
         self.use_s3 = s3
         self.storage = storage or {}  # the case's storage settings
         self.failover_s = 0.0  # set by a fault that measures it
+        self.flowing_from: float | None = None  # set by a fault with a time-to-flowing bound
+        self.measures: dict[str, float] = {}  # case-specific figures a fault records
         self.etcd = EtcdServer()
         self.s3: S3 | None = None
         self.store: EtcdStore | None = None
@@ -216,11 +224,16 @@ class FaultRun:
         if proxy is None:
             proxy = self.proxies[broker] = TcpProxy(self.etcd.client_port)
             await proxy.start()
+        await self._spawn_broker(broker, [], proxy.url, "127.0.0.1:0")
+
+    async def _spawn_broker(
+        self, broker: str, prefix: list[str], etcd_url: str, broker_url: str
+    ) -> None:
         data_dir = self.root / broker
         config = self._config(broker, data_dir)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "ballast.cluster.run", "--etcd", proxy.url,
-            "--config", str(config), "--id", broker, "--broker-url", "127.0.0.1:0",
+            *prefix, sys.executable, "-m", "ballast.cluster.run", "--etcd", etcd_url,
+            "--config", str(config), "--id", broker, "--broker-url", broker_url,
             "--log-level", os.environ.get("BALLAST_FAULTS_LOG", "ERROR"),
             stdout=asyncio.subprocess.PIPE, stderr=self._log(broker), env=self.env,
             cwd=str(self.root),
@@ -229,10 +242,18 @@ class FaultRun:
         await started(proc, f"BROKER-STARTED {broker}", f"broker {broker}", 60)
 
     async def start_gateway(self) -> None:
+        """Start the gateway, reaching etcd through its own proxy (`proxies["gateway"]`)."""
+        proxy = self.proxies.get("gateway")
+        if proxy is None:
+            proxy = self.proxies["gateway"] = TcpProxy(self.etcd.client_port)
+            await proxy.start()
+        await self._spawn_gateway([], proxy.url, "127.0.0.1:0")
+
+    async def _spawn_gateway(self, prefix: list[str], etcd_url: str, listen: str) -> None:
         config = self._config("gateway", self.root / "gateway")
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "ballast.cli.main", "gateway", "--etcd", self.etcd.client_url,
-            "--config", str(config), "--listen", "127.0.0.1:0",
+            *prefix, sys.executable, "-m", "ballast.cli.main", "gateway", "--etcd", etcd_url,
+            "--config", str(config), "--listen", listen,
             "--log-level", os.environ.get("BALLAST_FAULTS_LOG", "ERROR"),
             stdout=asyncio.subprocess.PIPE, stderr=self._log("gateway"), env=self.env,
         )  # fmt: skip
@@ -299,6 +320,72 @@ class FaultRun:
                 return
             await asyncio.sleep(0.1)
         raise AssertionError(f"topics not placed on {owner}")
+
+
+class NetnsEtcd(EtcdServer):
+    """etcd on a host of a `Topology`, on its ``cluster`` address."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        super().__init__()
+
+    @property
+    def client_url(self) -> str:
+        return f"http://{self.host.address('cluster')}:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.host.address('cluster')}:{self.peer_port}"
+
+    def command(self) -> list[str]:
+        return self.host.command(*super().command())
+
+
+class NetnsRun(FaultRun):
+    """A `FaultRun` whose etcd, brokers and gateway are hosts of a `Topology` (network
+    namespaces): their connections cross a bridge, and a fault can make any of them drop
+    packets silently (`Topology.blackhole`). Brokers and the gateway serve on their
+    ``front`` address and reach etcd on the ``cluster`` network, so the data plane (gateway
+    to broker, broker to broker) and the control plane can be cut apart. The test process
+    (clients, admin) sits in the root namespace, on both bridges."""
+
+    def __init__(self, case: str, root: Path, **kwargs: Any) -> None:
+        super().__init__(case, root, **kwargs)
+        self.etcd.close()  # replaced by one inside the topology, in `start`
+        self._topology: Topology | None = None
+
+    @property
+    def topology(self) -> Topology:
+        assert self._topology is not None
+        return self._topology
+
+    async def start(self, brokers: tuple[str, ...] = ("b1", "b2")) -> None:
+        self._topology = Topology()
+        etcd_host = self.topology.add_host("etcd", ("cluster",))
+        for broker in brokers:
+            self.topology.add_host(broker)
+        self.topology.add_host("gateway")
+        self.etcd = NetnsEtcd(etcd_host)
+        await super().start(brokers)
+
+    async def start_broker(self, broker: str) -> None:
+        host = self.topology.hosts.get(broker) or self.topology.add_host(broker)
+        await self._spawn_broker(
+            broker, host.command(), self.etcd.client_url, f"{host.address('front')}:0"
+        )
+
+    async def start_gateway(self) -> None:
+        host = self.topology.hosts["gateway"]
+        await self._spawn_gateway(
+            host.command(), self.etcd.client_url, f"{host.address('front')}:0"
+        )
+
+    async def close(self) -> None:
+        try:
+            await super().close()
+        finally:
+            if self._topology is not None:
+                self._topology.close()
 
 
 class Workload:
@@ -398,9 +485,16 @@ class Workload:
             with contextlib.suppress(Exception):
                 await consumer.close()
 
-    def check(self, case: str, fault_window: tuple[float, float]) -> Outcome:
+    def check(
+        self, case: str, fault_window: tuple[float, float], flowing_from: float | None = None
+    ) -> Outcome:
         """Compare the acknowledged sends with what was delivered (see module docstring)."""
         out = Outcome(case)
+        if flowing_from is not None:
+            out.flowing_s = max(
+                _flowing_after(sorted(t.acked.values()), fault_window, flowing_from)
+                for t in self.traffic.values()
+            )
         for traffic in self.traffic.values():
             out.acknowledged += len(traffic.acked)
             out.send_errors += traffic.errors
@@ -433,6 +527,24 @@ def _longest_gap(times: list[float], window: tuple[float, float]) -> float:
     start, end = window
     points = [start, *(t for t in times if start <= t <= end), end]
     return round(max(b - a for a, b in itertools.pairwise(points)), 2)
+
+
+FLOWING_GAP = 1.5  # a pause longer than this is not "flowing"
+
+
+def _flowing_after(times: list[float], window: tuple[float, float], since: float) -> float:
+    """Seconds from `since` until acknowledgements flow for good: the end of the last pause
+    over `FLOWING_GAP` in the window (0 if it ended before `since`, or none was that long).
+    Without any acknowledgement after `since`, the whole rest of the window."""
+    start, end = window
+    points = [start, *(t for t in times if start <= t <= end), end]
+    if points[-2] < since:
+        return round(end - since, 2)
+    last = start
+    for a, b in itertools.pairwise(points[:-1]):
+        if b - a > FLOWING_GAP:
+            last = b
+    return round(max(0.0, last - since), 2)
 
 
 # -- the cases ---------------------------------------------------------------------------
@@ -610,6 +722,80 @@ async def fault_kill_many(run: FaultRun, topics: list[str]) -> None:
     run.failover_s = time.monotonic() - began
 
 
+async def _blackhole_for(
+    run: NetnsRun, host: str, seconds: float, networks: tuple[str, ...] | None = None
+) -> None:
+    run.topology.blackhole(host, networks)
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        run.topology.restore(host, networks)
+
+
+BLACKHOLE_S = NETNS_TTL + 15  # an owner or a path silent for this long (past the TTL)
+
+
+async def fault_blackhole_owner(run: FaultRun, topics: list[str]) -> None:
+    """The owner of the live topics drops every packet (a hung host, a dead switch port)
+    for longer than its registration TTL, then comes back: its topics fail over; clients
+    flow again within the TTL and a few seconds; the owner comes back fenced."""
+    assert isinstance(run, NetnsRun)
+    run.flowing_from = time.monotonic()
+    await _blackhole_for(run, "b2", BLACKHOLE_S)
+    await asyncio.sleep(3)
+
+
+async def fault_blackhole_gateway_path(run: FaultRun, topics: list[str]) -> None:
+    """Only the data plane of the owner is cut (gateway to owner, and broker to broker):
+    the owner still reaches etcd, keeps its registration and owns its topics."""
+    assert isinstance(run, NetnsRun)
+    run.flowing_from = time.monotonic()
+    await _blackhole_for(run, "b2", BLACKHOLE_S, ("front",))
+    await asyncio.sleep(3)
+
+
+async def fault_blackhole_etcd(run: FaultRun, topics: list[str]) -> None:
+    """etcd drops every packet for every process for 10 s (longer than the TTL), then
+    answers again; clients flow within a few seconds of its return."""
+    assert isinstance(run, NetnsRun)
+    await _blackhole_for(run, "etcd", 10)
+    run.flowing_from = time.monotonic()
+    await asyncio.sleep(NETNS_TTL + 3)
+
+
+async def fault_blackhole_leader(run: FaultRun, topics: list[str]) -> None:
+    """The leader (not the owner) drops every packet for 20 s: another broker leads within
+    the TTL and a few seconds, and clients of the owner's topics never wait."""
+    assert isinstance(run, NetnsRun)
+    run.flowing_from = began = time.monotonic()
+    run.topology.blackhole("b1")
+    try:
+
+        async def new_leader() -> bool:
+            leader = await run.admin.leader()
+            return leader is not None and leader.get("broker_id") != "b1"
+
+        await _wait(new_leader, 20, "a new leader")
+        run.measures["new_leader_s"] = round(time.monotonic() - began, 2)
+        await asyncio.sleep(max(0.0, 20 - (time.monotonic() - began)))
+    finally:
+        run.topology.restore("b1")
+    await asyncio.sleep(3)
+
+
+async def fault_etcd_connection_frozen(run: FaultRun, topics: list[str]) -> None:
+    """The gateway's connection to etcd freezes (open, nothing forwarded; new connections
+    work) and the topics move meanwhile: the gateway learns their new owner only once its
+    keepalive drops the frozen connection and the routing watch resumes on a new one."""
+    proxy = run.proxies["gateway"]
+    assert proxy.freeze() >= 1, "the gateway had no open connection to etcd"
+    run.flowing_from = time.monotonic()
+    for topic in topics:
+        await run.admin.unload_topic(topic)
+    await _wait(lambda: _all_moved(run, topics, "b2"), 30, "the moves")
+    await asyncio.sleep(15)
+
+
 @dataclass(frozen=True)
 class Case:
     fault: Fault
@@ -618,11 +804,16 @@ class Case:
     storage: dict[str, Any] = field(default_factory=dict)  # broker storage settings
     ttl: float = TTL  # the brokers' registration TTL
     idle_topics: int = 0  # on the victim besides the busy ones, without traffic
+    netns: bool = False  # hosts in network namespaces (`NetnsRun`)
+    brokers: tuple[str, ...] = ("b1", "b2")  # b1 leads, b2 owns the topics
+    # Clients must flow again within this many seconds of the fault's reference instant.
+    flowing_bound_s: float | None = None
 
 
 # Object writes paced so that each round carries every busy topic's part (a shared object).
 _PACED = {"max_object_writes_per_second": 20.0}
 MANY_TOPICS = 1000
+_THREE = ("b1", "b2", "b3")
 
 
 CASES: dict[str, Case] = {
@@ -640,7 +831,23 @@ CASES: dict[str, Case] = {
     # A TTL well above the stall: the owner keeps its registration and its other topics.
     "fenced_in_shared_commit": Case(fault_fenced_in_shared_commit, 6, storage=_PACED, ttl=15),
     "host_lost_with_1000_topics": Case(fault_kill_many, 4, idle_topics=MANY_TOPICS),
-}
+    # Gray failures: packets vanish (network namespaces, a veth set down), no reset.
+    "blackhole_owner": Case(
+        fault_blackhole_owner, ttl=NETNS_TTL, netns=True, brokers=_THREE,
+        flowing_bound_s=NETNS_TTL + 5,
+    ),
+    "blackhole_gateway_path": Case(
+        fault_blackhole_gateway_path, ttl=NETNS_TTL, netns=True, brokers=_THREE,
+        flowing_bound_s=NETNS_TTL + 5,
+    ),
+    "blackhole_etcd": Case(
+        fault_blackhole_etcd, ttl=NETNS_TTL, netns=True, brokers=_THREE, flowing_bound_s=5,
+    ),
+    "blackhole_leader": Case(
+        fault_blackhole_leader, ttl=NETNS_TTL, netns=True, brokers=_THREE, flowing_bound_s=5,
+    ),
+    "etcd_connection_frozen": Case(fault_etcd_connection_frozen, flowing_bound_s=15),
+}  # fmt: skip
 
 
 async def run_case(name: str, root: Path | None = None, warmup: float = 2.0) -> Outcome:
@@ -648,9 +855,10 @@ async def run_case(name: str, root: Path | None = None, warmup: float = 2.0) -> 
     case = CASES[name]
     own_root = root is None
     root = root or Path(tempfile.mkdtemp(prefix=f"ballast-fault-{name}-"))
-    run = FaultRun(name, root, s3=case.s3, storage=case.storage, ttl=case.ttl)
+    kind = NetnsRun if case.netns else FaultRun
+    run = kind(name, root, s3=case.s3, storage=case.storage, ttl=case.ttl)
     try:
-        await run.start()
+        await run.start(case.brokers)
         topics = [f"/default/{name.replace('_', '-')}-{i}" for i in range(case.topics)]
         await run.create_topics(topics, owner="b2")
         if case.idle_topics:
@@ -666,8 +874,9 @@ async def run_case(name: str, root: Path | None = None, warmup: float = 2.0) -> 
         ended = time.monotonic()
         await workload.finish()
         await workload.read_audit()
-        outcome = workload.check(name, (started, ended))
+        outcome = workload.check(name, (started, ended), run.flowing_from)
         outcome.failover_s = round(run.failover_s, 2)
+        outcome.measures = run.measures
         return outcome
     finally:
         await run.close()

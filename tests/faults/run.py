@@ -19,7 +19,8 @@ from typing import Any
 from tests.faults.harness import CASES, Outcome, run_case
 
 
-def summary(outcomes: list[Outcome]) -> dict[str, Any]:
+def summary(outcomes: list[Outcome], bound: float | None = None) -> dict[str, Any]:
+    measures = sorted({key for o in outcomes for key in o.measures})
     return {
         "runs": len(outcomes),
         "acknowledged": sum(o.acknowledged for o in outcomes),
@@ -31,6 +32,19 @@ def summary(outcomes: list[Outcome]) -> dict[str, Any]:
         "producer_pause_max_s": max((o.producer_pause_s for o in outcomes), default=0.0),
         "consumer_pause_max_s": max((o.consumer_pause_s for o in outcomes), default=0.0),
         "failover_max_s": max((o.failover_s for o in outcomes), default=0.0),
+        **(
+            {
+                "flowing_max_s": max((o.flowing_s for o in outcomes), default=0.0),
+                "flowing_bound_s": bound,
+                "flowing_within_bound": sum(o.flowing_s <= bound for o in outcomes),
+            }
+            if bound is not None
+            else {}
+        ),
+        **{
+            f"{key}_max": max((o.measures.get(key, 0.0) for o in outcomes), default=0.0)
+            for key in measures
+        },
         "failed_runs": [
             {"lost": o.lost, "conflicts": o.conflicts, "examples": o.lost_examples}
             for o in outcomes
@@ -54,12 +68,13 @@ async def main_async(cases: list[str], runs: int) -> dict[str, Any]:
             print(
                 f"{case} run {n + 1}/{runs}: acknowledged {outcome.acknowledged}, lost "
                 f"{outcome.lost}, duplicates {outcome.duplicates}, pauses "
-                f"{outcome.producer_pause_s}s/{outcome.consumer_pause_s}s "
+                f"{outcome.producer_pause_s}s/{outcome.consumer_pause_s}s, flowing "
+                f"{outcome.flowing_s}s {outcome.measures or ''} "
                 f"({time.monotonic() - started:.0f}s)",
                 file=sys.stderr,
                 flush=True,
             )
-        results[case] = summary(outcomes)
+        results[case] = summary(outcomes, CASES[case].flowing_bound_s)
     return results
 
 
