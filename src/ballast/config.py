@@ -253,7 +253,7 @@ class DataPlaneConfig(_Strict):
     enabled: bool = True
     # Payload + attributes + routing key of one message. Below the client's 4 MiB receive
     # limit, with room for the delivered message's other fields: all that is stored is
-    # deliverable (see `server.limits`).
+    # deliverable (see `wire.limits`).
     max_message_bytes: int = Field(4 * MiB - 64 * 1024, gt=0, le=4 * MiB - 64 * 1024)
     # gRPC refuses larger requests (RESOURCE_EXHAUSTED) before parsing them; between
     # `max_message_bytes` and this, the answer is a clear INVALID_ARGUMENT.

@@ -17,8 +17,8 @@ from ballast.config import BallastConfig
 from ballast.console.app import create_app
 from ballast.console.live import LiveCluster
 from ballast.metadata import keys
-from ballast.metadata.factory import etcd_keepalive, open_store
-from ballast.server.auth import TokenAuthority
+from ballast.metadata.factory import open_store
+from ballast.wire.auth import TokenAuthority
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ async def serve_console(
     host, port = parse_listen(listen)
     authority = TokenAuthority(config.auth) if config.auth.mode == "jwt" else None
     clock = SystemClock()
-    store = open_store(etcd, clock, **etcd_keepalive(config.connections))
+    store = open_store(etcd, clock, connections=config.connections)
     stopping = asyncio.Event()
     async with store:
         # Fail fast, as every admin command does, if the store cannot be reached at all;

@@ -15,14 +15,6 @@ from ballast.metadata.store import MetadataStore
 MEMORY_URLS = ("memory", "memory://")
 
 
-def etcd_keepalive(connections: ConnectionSettings) -> dict[str, float]:
-    """`open_store` options for `EtcdStore`'s keepalive, from the `connections` section."""
-    return {
-        "keepalive": connections.keepalive_seconds,
-        "keepalive_timeout": connections.keepalive_timeout_seconds,
-    }
-
-
 def open_store(
     url_or_none: str | None = None,
     clock: Clock | None = None,
@@ -33,6 +25,7 @@ def open_store(
     username: str | None = None,
     password: str | None = None,
     timeout: float = 10.0,
+    connections: ConnectionSettings | None = None,
     **etcd_options: Any,
 ) -> MetadataStore:
     """The store a configuration names.
@@ -42,7 +35,8 @@ def open_store(
       the TLS / auth / timeout options passed through; options not given come from
       ``BALLAST_ETCD_CA``, ``BALLAST_ETCD_CERT``, ``BALLAST_ETCD_KEY``,
       ``BALLAST_ETCD_USER`` and ``BALLAST_ETCD_PASSWORD`` when set. etcd leases expire in
-      real time, so `clock` does not apply to it.
+      real time, so `clock` does not apply to it. `connections` (the configuration's
+      section) gives the keepalive that drops a silent etcd connection.
     """
     if url_or_none is None or url_or_none.strip().lower() in MEMORY_URLS:
         return MemoryStore(clock)
@@ -59,6 +53,9 @@ def open_store(
             f"metadata store {url_or_none!r}: expected 'memory' or etcd endpoints like "
             "'http://127.0.0.1:2379,http://10.0.0.2:2379'"
         )
+    if connections is not None:
+        etcd_options.setdefault("keepalive", connections.keepalive_seconds)
+        etcd_options.setdefault("keepalive_timeout", connections.keepalive_timeout_seconds)
     return EtcdStore(
         url,
         ca_cert=ca_cert,
