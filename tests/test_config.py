@@ -69,7 +69,7 @@ def test_explicit_values_override_the_preset(tmp_path: Path) -> None:
         ),
         (
             {"loadmanager": {}},
-            "loadmanager: unknown key (allowed: auth, broker, data_plane, gateway, history,",
+            "loadmanager: unknown key (allowed: auth, broker, connections, data_plane, gateway,",
         ),
         (
             {"load_manager": {"rebalancing": {"target_cv": 0.5}}},

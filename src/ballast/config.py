@@ -461,17 +461,50 @@ class ConnectionSettings(_Strict):
     host) instead of waiting on a connection that will never answer (docs/gray-failures.md)."""
 
     keepalive_seconds: float = Field(
-        6.0,
+        2.0,
         gt=0,
         description="A connection with nothing received for this long is pinged (etcd's "
         "minimum of 5 s applies to its connections).",
     )
     keepalive_timeout_seconds: float = Field(
-        5.0,
+        3.0,
         gt=0,
         description="A ping not answered within this long drops the connection (counted in "
         "*_connection_timeouts_total) and it is dialed again; unacknowledged TCP data is given "
         "up after keepalive_seconds + keepalive_timeout_seconds (TCP_USER_TIMEOUT).",
+    )
+
+
+class ReachabilitySettings(_Strict):
+    """`reachability`: a broker that every gateway fails to reach while etcd sees it alive
+    (an asymmetric partition) is drained by the leader until gateways reach it again
+    (`ballast.leader.reachability`, docs/gray-failures.md)."""
+
+    enabled: bool = Field(
+        True, description="Gateways report unreachable brokers and the leader drains them."
+    )
+    report_after_seconds: float = Field(
+        1.0,
+        gt=0,
+        description="A gateway reports a broker whose connection has not been ready for this long.",
+    )
+    clear_after_seconds: float = Field(
+        3.0,
+        ge=0,
+        description="A gateway withdraws its report once the broker was reachable for this "
+        "long (hysteresis).",
+    )
+    evict_after_seconds: float = Field(
+        1.0,
+        ge=0,
+        description="The leader drains a broker once every counting gateway has reported "
+        "it for this long.",
+    )
+    min_gateways: int = Field(
+        1, ge=1, description="Gateways that must count (and all report) before a drain."
+    )
+    check_interval_seconds: float = Field(
+        0.5, gt=0, description="How often gateways probe and the leader applies the rule."
     )
 
 
@@ -489,6 +522,7 @@ class BallastConfig(_Strict):
     gateway: GatewaySettings = GatewaySettings()
     wire: WireSettings = WireSettings()
     connections: ConnectionSettings = ConnectionSettings()
+    reachability: ReachabilitySettings = ReachabilitySettings()
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

@@ -30,20 +30,24 @@ from prometheus_client.registry import Collector
 _SILENT_MARKERS = ("ping timeout", "keepalive watchdog timeout", "keepalive timeout")
 
 
-def grpc_keepalive_options(keepalive: float, timeout: float) -> tuple[tuple[str, int], ...]:
+def grpc_keepalive_options(
+    keepalive: float, timeout: float, *, without_calls: bool = False
+) -> tuple[tuple[str, int], ...]:
     """gRPC channel options under which a silent connection is dropped within about
     `keepalive` + `timeout` seconds, even while a call (a watch, a stream) waits on it.
 
     ``grpc.keepalive_timeout_ms`` alone is not enough: grpc-core acts on an unanswered ping
     only after ``grpc.http2.ping_timeout_ms`` (60 s by default in grpcio 1.85), and without
     ``max_pings_without_data = 0`` an idle stream stops pinging after two pings.
+    `without_calls`: ping an idle connection too (not etcd's, which refuses such pings),
+    so that a peer's silence is known before a call needs it.
     """
     return (
         ("grpc.keepalive_time_ms", int(keepalive * 1000)),
         ("grpc.keepalive_timeout_ms", int(timeout * 1000)),
         ("grpc.http2.ping_timeout_ms", int(timeout * 1000)),
         ("grpc.http2.max_pings_without_data", 0),
-        ("grpc.keepalive_permit_without_calls", 0),
+        ("grpc.keepalive_permit_without_calls", int(without_calls)),
     )
 
 

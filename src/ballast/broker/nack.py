@@ -292,6 +292,7 @@ class NackHandler:
                 message.msg_id.producer_id = reply.producer_id
                 await stub.SendMessage(message, timeout=2.0, metadata=dialer.metadata())
             except grpc.aio.AioRpcError as exc:
+                dialer.note(exc)
                 if exc.code() is grpc.StatusCode.UNAVAILABLE:
                     return False
                 raise

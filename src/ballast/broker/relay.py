@@ -187,6 +187,7 @@ class ConsumerRelay:
                     )
                     self.relayed += 1
             except grpc.aio.AioRpcError as exc:
+                self.dialer.note(exc)
                 log.debug("relay %s: stream ended: %s", self.topic, exc.details())
             except asyncio.CancelledError:
                 if self._stopped.is_set():

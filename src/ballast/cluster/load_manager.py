@@ -44,8 +44,18 @@ from ballast.leader import (
     WriteDone,
 )
 from ballast.leader.perform import WRITES_IN_FLIGHT, ReadyQueue, refreshed
+from ballast.leader.reachability import (
+    Evict,
+    ReachabilityRule,
+    ReachabilitySnapshot,
+    Restore,
+    decide,
+)
 from ballast.load_history import HistoryWriter
 from ballast.metadata import (
+    Compare,
+    Delete,
+    MetadataError,
     MetadataStore,
     OutcomeUnknownError,
     Put,
@@ -53,6 +63,7 @@ from ballast.metadata import (
     WatchEvent,
     keys,
 )
+from ballast.model import BrokerMode, BrokerState
 
 log = logging.getLogger(__name__)
 
@@ -200,9 +211,97 @@ class LeaderSession:
                 "tick": self._tick(),
                 "step": self._step_loop(),
                 "rankings": self._post_rankings(),
+                "reachability": self._reachability(),
                 "term": self.term.ended.wait(),
             },
         )
+
+    async def _reachability(self) -> None:
+        """The unreachable-owner rule (`ballast.leader.reachability`) every
+        `reachability.check_interval_seconds`: the gateways' reports read, the rule's
+        evictions (a drain) and restorations written, fenced on the term."""
+        settings = self.config.reachability
+        if not settings.enabled:
+            await self.term.ended.wait()
+            return
+        rule = ReachabilityRule(settings.evict_after_seconds, settings.min_gateways)
+        # When this term first saw each (gateway, broker) report: the rule counts a
+        # report's age on the leader's clock, whatever the gateway's clock says.
+        seen: dict[tuple[str, str], float] = {}
+        while True:
+            await asyncio.sleep(settings.check_interval_seconds)
+            try:
+                listing = await self.store.get_prefix(keys.REACHABILITY_PREFIX)
+            except MetadataError as exc:
+                log.warning("%s: reachability reports: %s", self.manager.name, exc)
+                continue
+            now = time.monotonic()
+            gateways: set[str] = set()
+            reports: dict[str, dict[str, float]] = {}
+            evicted: set[str] = set()
+            for kv in listing.items:
+                try:
+                    kind, gateway, broker = keys.parse_reachability_key(kv.key)
+                except ValueError:
+                    continue
+                if kind == "gateway" and gateway is not None:
+                    gateways.add(gateway)
+                elif kind == "report" and gateway is not None and broker is not None:
+                    reports.setdefault(gateway, {})[broker] = seen.setdefault(
+                        (gateway, broker), now
+                    )
+                elif kind == "evicted" and broker is not None:
+                    evicted.add(broker)
+            for key in [k for k in seen if k[1] not in reports.get(k[0], {})]:
+                del seen[key]
+            view = self.machine.view
+            snapshot = ReachabilitySnapshot(
+                now,
+                frozenset(gateways),
+                reports,
+                frozenset(view.registrations),
+                dict(view.states),
+                frozenset(evicted),
+            )
+            for decision in decide(rule, snapshot):
+                await self._reachability_write(decision)
+
+    async def _reachability_write(self, decision: Evict | Restore) -> None:
+        view = self.machine.view
+        broker = decision.broker
+        state_key = keys.broker_state(broker)
+        eviction = keys.reachability_eviction(broker)
+        if isinstance(decision, Evict):
+            revision = view.state_revisions.get(broker, 0)
+            compares = [
+                Compare.present(keys.register(broker)),
+                Compare.mod_revision_equals(state_key, revision),
+                Compare.absent(eviction),
+            ]
+            ops: list[Put | Delete] = [
+                Put(state_key, BrokerState(BrokerMode.DRAINING, decision.reason).to_dict()),
+                Put(eviction, {"gateways": list(decision.gateways)}),
+            ]
+            message = f"broker {broker} {decision.reason}: draining it"
+        elif decision.registered:
+            compares = [Compare.present(eviction), Compare.present(keys.register(broker))]
+            ops = [Delete(eviction)]
+            if not view.state(broker).is_active:
+                active = BrokerState(BrokerMode.ACTIVE, "reachable again from the gateways")
+                ops.insert(0, Put(state_key, active.to_dict()))
+            message = f"broker {broker} is reachable again from the gateways: active"
+        else:
+            compares, ops = [Compare.present(eviction)], [Delete(eviction)]
+            message = f"broker {broker} left the cluster: its eviction is forgotten"
+        try:
+            result = await self.store.txn([self.term.fence, *compares], ops)
+        except MetadataError as exc:
+            log.warning("%s: reachability: %s", self.manager.name, exc)
+            return
+        if result.succeeded:
+            self.manager.note(message)
+        elif not await self.manager.election.verify(self.term):
+            raise FenceLost(self.term)
 
     async def _watch(self, prefix: str, revision: int) -> None:
         async with watching(self.store, prefix, revision + 1) as watch:

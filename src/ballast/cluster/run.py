@@ -91,6 +91,8 @@ async def serve(
                 )
                 # Refuse to start on an object store the other brokers cannot read.
                 await data_host.verify_object_store()
+                dialer = data_host.dialer
+                metrics.connection_timeouts.watch("broker", lambda: dialer.connection_timeouts)
                 server = DataPlaneServer(data_host, config, config.broker.broker_url)
                 url = await server.start()
                 # Register the real address (a port 0 in the configuration is now bound).

@@ -11,7 +11,9 @@ from typing import Any
 
 import grpc
 
+from ballast.config import ConnectionSettings
 from ballast.gateway.calls import LINKED
+from ballast.keepalive import grpc_keepalive_options, is_silent_connection
 from ballast.wire.address import MAX_RECEIVE_BYTES
 from ballast.wire.auth import bearer_token
 from ballast.wire.link import BATCH_BYTES, LINK_METHOD, SendLink, rpc_error
@@ -28,7 +30,9 @@ class BrokerLinks:
         credentials: grpc.ChannelCredentials | None,
         batch_sends: bool,
         ssl_context: ssl.SSLContext | None = None,
+        connections: ConnectionSettings | None = None,
     ) -> None:
+        self.connections = connections or ConnectionSettings()
         self.credentials = credentials
         self.batch_sends = batch_sends
         self.ssl_context = ssl_context  # for brokers' TCP link ports (TLS brokers)
@@ -36,6 +40,25 @@ class BrokerLinks:
         self._unary: dict[tuple[str, str], Any] = {}
         self._links: dict[tuple[str, str], SendLink] = {}  # (url, link method) -> link
         self._running: dict[str, set[Any]] = {}  # unary calls in flight, per broker
+        self._silent = 0  # channel connections dropped by their keepalive (calls seen failing)
+        self._silent_at: dict[str, float] = {}  # url -> when one was last counted
+        self._closed_links = 0  # timeouts of links since replaced
+
+    @property
+    def connection_timeouts(self) -> int:
+        """Connections to brokers dropped because the broker went silent (channels as their
+        calls saw it, links)."""
+        live = sum(link.timeouts for link in self._links.values())
+        return self._silent + self._closed_links + live
+
+    def note(self, url: str, exc: BaseException) -> None:
+        """A call to `url` failed: count its connection if its keepalive found it silent
+        (once: every call on that connection fails at the same moment)."""
+        if isinstance(exc, Exception) and is_silent_connection(exc):
+            now = asyncio.get_running_loop().time()
+            if now - self._silent_at.get(url, -1e9) > self.connections.keepalive_seconds:
+                self._silent_at[url] = now
+                self._silent += 1
 
     def link(self, url: str, method: str = LINK_METHOD) -> SendLink | None:
         """The link of `method` to `url`, once a call has used it."""
@@ -71,7 +94,15 @@ class BrokerLinks:
         link = self._links.get((url, method))
         if link is None:
             link = self._links[(url, method)] = SendLink(
-                self.channel(url), url, method, tcp=True, ssl_context=self.ssl_context
+                self.channel(url),
+                url,
+                method,
+                tcp=True,
+                ssl_context=self.ssl_context,
+                keepalive=(
+                    self.connections.keepalive_seconds,
+                    self.connections.keepalive_timeout_seconds,
+                ),
             )
         return link
 
@@ -93,6 +124,7 @@ class BrokerLinks:
         for method in LINKED.values():
             link = self._links.pop((url, method), None)
             if link is not None:
+                self._closed_links += link.timeouts
                 link.abandon()
         for rpc in self._running.pop(url, set()):
             rpc.cancel()
@@ -114,6 +146,9 @@ class BrokerLinks:
             running.add(rpc)
             try:
                 return bytes(await rpc)
+            except grpc.aio.AioRpcError as exc:
+                self.note(url, exc)
+                raise
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
@@ -136,6 +171,13 @@ class BrokerLinks:
                 ("grpc.initial_reconnect_backoff_ms", 200),
                 ("grpc.min_reconnect_backoff_ms", 200),
                 ("grpc.max_reconnect_backoff_ms", 2000),
+                # A broker that goes silent (a blackholed path, a hung host) is noticed
+                # within keepalive + timeout seconds, calls or not (docs/gray-failures.md).
+                *grpc_keepalive_options(
+                    self.connections.keepalive_seconds,
+                    self.connections.keepalive_timeout_seconds,
+                    without_calls=True,
+                ),
             ]
             if self.credentials is None:
                 channel = grpc.aio.insecure_channel(url, options=options)

@@ -75,6 +75,8 @@ def connection_lost(exc: grpc.aio.AioRpcError) -> bool:
             "dns",
             "handshake",
             "ssl",
+            "ping timeout",  # the keepalive found the connection silent (gray failure)
+            "keepalive",
         )
     )
 

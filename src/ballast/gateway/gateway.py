@@ -68,6 +68,7 @@ from ballast.gateway.calls import (
     split_metadata,
 )
 from ballast.gateway.metrics import serve_metrics
+from ballast.gateway.reachability import ReachabilityReporter, gateway_id
 from ballast.gateway.routes import OwnerTable, Route
 from ballast.gateway.sessions import HeldBudget, SessionTable
 from ballast.gateway.streams import ConsumerStreams
@@ -119,6 +120,7 @@ class Gateway(Served):
             channel_credentials(config.tls),
             self.settings.batch_sends,
             client_ssl_context(config.tls),
+            config.connections,
         )
         self.table = OwnerTable(store, self.links.abandon, self.links.warm)
         self.directory = Directory(store, SystemClock())
@@ -137,6 +139,8 @@ class Gateway(Served):
         self._metrics: WSGIServer | None = None
         self.metrics_url = ""  # host:port of the Prometheus endpoint, when served
         self._watch: asyncio.Task[None] | None = None
+        self._reporter: asyncio.Task[None] | None = None
+        self.reachability: ReachabilityReporter | None = None
         self.counts: dict[str, int] = {}
         self._handlers = {
             LOOKUP: grpc.unary_unary_rpc_method_handler(
@@ -205,6 +209,19 @@ class Gateway(Served):
         self.advertise = self.settings.advertise or self.url
         self._server = server
         log.info("gateway: serving on %s (advertised as %s)", self.url, self.advertise)
+        if self.config.reachability.enabled:
+            self.reachability = ReachabilityReporter(
+                self.store,
+                self.links,
+                self.table,
+                self.config.reachability,
+                self.config.broker.registration_ttl_seconds,
+                gateway_id(self.advertise),
+                self.advertise,
+            )
+            self._reporter = asyncio.create_task(
+                self.reachability.run(), name="gateway/reachability"
+            )
         if self.settings.metrics_port:
             try:
                 self._metrics = serve_metrics(self, self.bind_host, self.settings.metrics_port)
@@ -219,6 +236,9 @@ class Gateway(Served):
         return self.advertise
 
     async def stop(self, grace: float = 1.0) -> None:
+        if self._reporter is not None:
+            await cancel_and_wait(self._reporter)
+            self._reporter = None
         metrics, self._metrics = self._metrics, None
         if metrics is not None:
             await asyncio.to_thread(metrics.shutdown)

@@ -35,6 +35,9 @@ class GatewayState(Protocol):
     links: BrokerLinks
 
     @property
+    def store(self) -> object: ...  # its `connection_timeouts`, when it is an `EtcdStore`
+
+    @property
     def wire(self) -> H2GrpcServer | None: ...
 
 
@@ -94,6 +97,14 @@ class GatewayCollector(Collector):
         yield records
         yield frames
         yield tcp
+        timeouts = CounterMetricFamily(
+            "ballast_gateway_connection_timeouts",
+            "Connections dropped because the peer stopped answering (keepalive), by peer",
+            labels=["peer"],
+        )
+        timeouts.add_metric(["broker"], gateway.links.connection_timeouts)
+        timeouts.add_metric(["etcd"], getattr(gateway.store, "connection_timeouts", 0))
+        yield timeouts
         server = gateway.wire
         if server is not None:
             yield from wire_series(server)

@@ -108,8 +108,8 @@ _CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
 # etcd refuses pings more often than every 5 s while a stream is open (its keepalive
 # enforcement policy answers GOAWAY "too_many_pings"), so the ping interval stays above it.
 ETCD_MIN_KEEPALIVE_SECONDS = 5.0
-DEFAULT_KEEPALIVE_SECONDS = 6.0
-DEFAULT_KEEPALIVE_TIMEOUT_SECONDS = 5.0
+DEFAULT_KEEPALIVE_SECONDS = 2.0  # raised to the minimum above
+DEFAULT_KEEPALIVE_TIMEOUT_SECONDS = 3.0
 
 
 def parse_endpoints(endpoints: str | Sequence[str]) -> tuple[list[str], bool]:

@@ -38,6 +38,9 @@ a foreign key instead of crashing.
 | `schema_subject(subj)` | ``/schemas/subjects/{subj}/meta`` (`{schema_id, compatibility}`) |
 | `schema_version(subj, v)` | ``/schemas/subjects/{subj}/versions/{v:010}`` |
 | `schema_id(id)` | ``/schemas/ids/{id:020}`` (`{subject}`: the id's subject) |
+| `gateway_registration(g)` | ``/reachability/gateways/{g}`` (a gateway's lease: `{url}`) |
+| `unreachable_report(g, b)` | ``/reachability/reports/{g}/{b}`` (`{since}`, gateway's lease) |
+| `reachability_eviction(b)` | ``/reachability/evicted/{b}`` (the leader drained `b`: `{since}`) |
 """
 
 from __future__ import annotations
@@ -52,7 +55,9 @@ __all__ = [
     "BROKERS_PREFIX",
     "BUNDLES_PREFIX",
     "CLUSTER_PREFIX",
+    "EVICTED_PREFIX",
     "FAILURE_DOMAINS_PREFIX",
+    "GATEWAYS_PREFIX",
     "HISTORY_PREFIX",
     "LEADER",
     "LOAD_BALANCE",
@@ -61,7 +66,9 @@ __all__ = [
     "OBJECT_STORE",
     "OWNERS_PREFIX",
     "POLICIES_PREFIX",
+    "REACHABILITY_PREFIX",
     "REGISTER_PREFIX",
+    "REPORTS_PREFIX",
     "SCHEMAS_PREFIX",
     "SCHEMA_ID_COUNTER",
     "SCHEMA_SUBJECTS_PREFIX",
@@ -77,6 +84,7 @@ __all__ = [
     "broker_state",
     "dead_letter_policy",
     "failure_domain",
+    "gateway_registration",
     "is_broker_state_key",
     "is_topic_meta_key",
     "load",
@@ -92,6 +100,7 @@ __all__ = [
     "parse_history_key",
     "parse_load_key",
     "parse_namespace_key",
+    "parse_reachability_key",
     "parse_register_key",
     "parse_schema_subject_key",
     "parse_schema_version_key",
@@ -101,6 +110,7 @@ __all__ = [
     "parse_topic_owner_key",
     "parse_unassigned_key",
     "quota_policy",
+    "reachability_eviction",
     "rebalancing_history",
     "register",
     "retention_policy",
@@ -123,6 +133,7 @@ __all__ = [
     "topic_pressure",
     "topic_schema",
     "unassigned",
+    "unreachable_report",
 ]
 
 TopicLike = TopicName | str
@@ -233,6 +244,44 @@ def parse_register_key(key: str) -> str:
     """Broker id of a registration key."""
     (broker_id,) = _segments(key, REGISTER_PREFIX, 1, "a registration")
     return _parsed_broker(key, broker_id, "a registration")
+
+
+REACHABILITY_PREFIX = "/reachability/"
+GATEWAYS_PREFIX = "/reachability/gateways/"
+REPORTS_PREFIX = "/reachability/reports/"
+EVICTED_PREFIX = "/reachability/evicted/"
+
+
+def gateway_registration(gateway_id: str) -> str:
+    """A gateway's registration (bound to its lease): its reports count while it lives."""
+    return f"{GATEWAYS_PREFIX}{_broker(gateway_id)}"
+
+
+def unreachable_report(gateway_id: str, broker_id: str) -> str:
+    """A gateway's report that it cannot reach `broker_id` (bound to the gateway's lease)."""
+    return f"{REPORTS_PREFIX}{_broker(gateway_id)}/{_broker(broker_id)}"
+
+
+def reachability_eviction(broker_id: str) -> str:
+    """The leader's record that it drained `broker_id` because no gateway reached it."""
+    return f"{EVICTED_PREFIX}{_broker(broker_id)}"
+
+
+def parse_reachability_key(key: str) -> tuple[str, str | None, str | None]:
+    """(kind, gateway, broker) of a key under ``/reachability/``: kind is ``gateway``,
+    ``report`` or ``evicted``."""
+    if key.startswith(GATEWAYS_PREFIX):
+        (gateway,) = _segments(key, GATEWAYS_PREFIX, 1, "a gateway registration")
+        return "gateway", _parsed_broker(key, gateway, "a gateway registration"), None
+    if key.startswith(REPORTS_PREFIX):
+        gateway, broker = _segments(key, REPORTS_PREFIX, 2, "an unreachable report")
+        return (
+            "report",
+            _parsed_broker(key, gateway, "an unreachable report"),
+            _parsed_broker(key, broker, "an unreachable report"),
+        )
+    (broker,) = _segments(key, EVICTED_PREFIX, 1, "an eviction")
+    return "evicted", None, _parsed_broker(key, broker, "an eviction")
 
 
 def broker_prefix(broker_id: str) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 
 from ballast.config import BallastConfig
+from ballast.keepalive import grpc_keepalive_options, is_silent_connection
 from ballast.wire.auth import ANY_NAMESPACE, Permission, TokenAuthority
 from ballast.wire.security import channel_credentials
 
@@ -34,6 +35,11 @@ class ClusterDialer:
 
     def __init__(self, config: BallastConfig) -> None:
         self.credentials = channel_credentials(config.tls)
+        c = config.connections
+        # Another broker that goes silent fails the relay's and dead letters' calls within
+        # keepalive + timeout seconds instead of at their deadline (or never, a stream's).
+        self.options = grpc_keepalive_options(c.keepalive_seconds, c.keepalive_timeout_seconds)
+        self.connection_timeouts = 0
         auth = config.auth
         self._authority: TokenAuthority | None = None
         self._fixed: str | None = None
@@ -59,8 +65,13 @@ class ClusterDialer:
     def channel(self, url: str) -> grpc.aio.Channel:
         """A new channel to `url` (TLS when the cluster serves TLS); the caller closes it."""
         if self.credentials is None:
-            return grpc.aio.insecure_channel(url)
-        return grpc.aio.secure_channel(url, self.credentials)
+            return grpc.aio.insecure_channel(url, options=self.options)
+        return grpc.aio.secure_channel(url, self.credentials, options=self.options)
+
+    def note(self, exc: BaseException) -> None:
+        """A call to another broker failed: count it if its keepalive found it silent."""
+        if isinstance(exc, Exception) and is_silent_connection(exc):
+            self.connection_timeouts += 1
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """The call metadata: the cluster's bearer token (nothing without `auth`)."""

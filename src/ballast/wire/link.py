@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import logging
 import ssl
@@ -46,6 +47,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from ballast.keepalive import is_silent_connection, set_tcp_keepalive
 from ballast.wire.auth import CALLER, AuthError, TokenAuthority, authorize_call
 from ballast.wire.protocol import pb
 
@@ -356,9 +358,15 @@ class SendLink:
         *,
         tcp: bool = False,
         ssl_context: ssl.SSLContext | None = None,
+        keepalive: tuple[float, float] | None = None,
     ) -> None:
         self.channel = channel
         self.url = url
+        # (silence, timeout) seconds: a TCP link whose broker stops answering is closed
+        # (keepalive probes, TCP_USER_TIMEOUT) and dialed again by the next send, instead
+        # of sitting in retransmission back-off (a gRPC link has its channel's keepalive).
+        self.keepalive = keepalive
+        self.timeouts = 0  # connections closed because the broker went silent
         self.method = method
         self.tcp = tcp  # on the broker's TCP link port when it has one
         self.ssl_context = ssl_context  # for that port when the broker serves TLS
@@ -421,9 +429,14 @@ class SendLink:
                 self.supported = False
                 error = exc
             else:
+                if is_silent_connection(exc):
+                    self.timeouts += 1
                 details = exc.details() or exc.code().name
                 error = rpc_error(exc.code(), f"link to {self.url}: connection lost: {details}")
         except OSError as exc:
+            if exc.errno == errno.ETIMEDOUT:  # TCP_USER_TIMEOUT or keepalive: silence
+                self.timeouts += 1
+                log.warning("gateway: link to %s: the broker stopped answering; closed", self.url)
             error = rpc_error(
                 grpc.StatusCode.UNAVAILABLE, f"link to {self.url}: connection lost: {exc}"
             )
@@ -471,6 +484,9 @@ class SendLink:
                         str(exc) or type(exc).__name__,
                     )
                 else:
+                    sock = writer.get_extra_info("socket")
+                    if self.keepalive is not None and sock is not None:
+                        set_tcp_keepalive(sock, *self.keepalive)
                     writer.write(TCP_PREAMBLE + _TCP_KIND_OF[self.method])
                     self.transport = "tcp"
                     return _tcp_opened(reader, writer)
