@@ -1,9 +1,11 @@
 """Run the fault-injection cases N times each and print JSON (``make faults``).
 
-    python -m tests.faults.run [--runs 10] [--cases a,b] [--keep]
+    python -m tests.faults.run [--runs 10] [--cases a,b]
 
 Per case: runs, acknowledged, lost, conflicts, duplicates, the longest producer and
-consumer pause (max over runs) and the failed runs' details. Exits 1 if anything
+consumer pause (max over runs) and the failed runs' details; for a case with a
+time-to-flowing bound (the gray failures), the longest time to flowing and in how many
+runs it stayed within the bound; any figure a case measures (e.g. new_leader_s), max. Exits 1 if anything
 acknowledged was lost (or an offset carried two payloads) in any run.
 """
 
@@ -68,8 +70,14 @@ async def main_async(cases: list[str], runs: int) -> dict[str, Any]:
             print(
                 f"{case} run {n + 1}/{runs}: acknowledged {outcome.acknowledged}, lost "
                 f"{outcome.lost}, duplicates {outcome.duplicates}, pauses "
-                f"{outcome.producer_pause_s}s/{outcome.consumer_pause_s}s, flowing "
-                f"{outcome.flowing_s}s {outcome.measures or ''} "
+                f"{outcome.producer_pause_s}s/{outcome.consumer_pause_s}s"
+                + (
+                    f", flowing {outcome.flowing_s}s"
+                    if CASES[case].flowing_bound_s is not None
+                    else ""
+                )
+                + "".join(f", {k} {v}s" for k, v in outcome.measures.items())
+                + " "
                 f"({time.monotonic() - started:.0f}s)",
                 file=sys.stderr,
                 flush=True,
