@@ -5,8 +5,8 @@
 Per case: runs, acknowledged, lost, conflicts, duplicates, the longest producer and
 consumer pause (max over runs) and the failed runs' details; for a case with a
 time-to-flowing bound (the gray failures), the longest time to flowing and in how many
-runs it stayed within the bound; any figure a case measures (e.g. new_leader_s), max. Exits 1 if anything
-acknowledged was lost (or an offset carried two payloads) in any run.
+runs it stayed within the bound; any figure a case measures (e.g. new_leader_s), max.
+Exits 1 if anything acknowledged was lost (or an offset carried two payloads) in any run.
 """
 
 from __future__ import annotations
