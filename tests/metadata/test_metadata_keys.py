@@ -201,3 +201,13 @@ def test_ownership_record_and_namespace_keys() -> None:
         keys.parse_topic_meta_key("/topics/ns/t/subscriptions")
     assert keys.is_broker_state_key("/cluster/brokers/b1/state")
     assert not keys.is_broker_state_key("/cluster/brokers/b1/ns/state")
+
+
+def test_reachability_keys_round_trip() -> None:
+    from ballast.metadata import keys as k
+
+    assert k.parse_reachability_key(k.gateway_registration("gw-a")) == ("gateway", "gw-a", None)
+    assert k.parse_reachability_key(k.unreachable_report("gw-a", "b2")) == ("report", "gw-a", "b2")
+    assert k.parse_reachability_key(k.reachability_eviction("b2")) == ("evicted", None, "b2")
+    with pytest.raises(k.KeyLayoutError):
+        k.parse_reachability_key("/reachability/reports/gw-a")
