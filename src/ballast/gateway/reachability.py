@@ -74,6 +74,12 @@ class ReachabilityReporter:
                 keeper = asyncio.create_task(lease.keep_alive_forever(lost_after=lease.ttl))
                 try:
                     await self._report(lease, keeper)
+                except asyncio.CancelledError:
+                    # Stopping: the registration and the reports go now, not at the TTL.
+                    with contextlib.suppress(MetadataError, TimeoutError):
+                        async with asyncio.timeout(1.0):
+                            await self.store.revoke_lease(lease.id)
+                    raise
                 finally:
                     keeper.cancel()
                     with contextlib.suppress(BaseException):
