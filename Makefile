@@ -52,7 +52,7 @@ unit: $(STAMP) sysdeps
 # broken link or a page missing from the navigation fails `make test`.
 SITE := .site
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --quiet --site-dir $(SITE)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(SITE)
 
 # docs/configuration.md is generated from the pydantic models (src/ballast/config.py);
 # tests/test_config_reference.py fails until it is regenerated after a change.

@@ -33,7 +33,8 @@ class Aggressiveness(StrEnum):
     AGGRESSIVE = "aggressive"
 
 
-# The reference document's table: CV threshold, check interval, max moves per hour.
+# Danube's aggressiveness table (docs/design/danube-load-manager.md): CV threshold, check
+# interval, max moves per hour.
 PRESETS: dict[Aggressiveness, dict[str, float | int]] = {
     Aggressiveness.CONSERVATIVE: {
         "cv_threshold": 0.40,
