@@ -319,11 +319,11 @@ JSON_SCHEMA = {
 async def check_cost_us(n: int = 20_000) -> float:
     """The broker's schema check of one message (enforce, cached binding), in µs: what
     validation adds to each send, measured in this process without the network's noise."""
+    from ballast.broker.metrics import DataPlaneMetrics
     from ballast.clock import SystemClock
     from ballast.metadata.memory import MemoryStore
     from ballast.model import TopicName
-    from ballast.server.metrics import DataPlaneMetrics
-    from ballast.server.schemas import SchemaStore, TopicSchemas, send_check
+    from ballast.registry.service import SchemaStore, TopicSchemas, send_check
 
     clock = SystemClock()
     schemas = SchemaStore(MemoryStore(), clock)

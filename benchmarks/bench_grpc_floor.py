@@ -1,5 +1,5 @@
 """What one gRPC server hop costs before it does anything (issues 20 and 37: why the
-client ports serve on `ballast.server.h2grpc`, on libnghttp2, and not on `grpc.aio`).
+client ports serve on `ballast.wire.h2grpc`, on libnghttp2, and not on `grpc.aio`).
 
 An echo server that answers every unary call with its own request (no parsing, no
 forwarding), called by 8 concurrent callers (one `grpc.aio` channel) sending 1 KiB each,
@@ -7,7 +7,7 @@ one call at a time (as `bench_moves.py`'s overhead run sends). Prints calls/s an
 time per call of the server process and of the calling process, for each server:
 
 - ``grpc_aio``: `grpc.aio`'s server (the top-level figures, as before);
-- ``wire``: Ballast's own wire layer (`ballast.server.h2grpc.H2GrpcServer`, with every
+- ``wire``: Ballast's own wire layer (`ballast.wire.h2grpc.H2GrpcServer`, with every
   protection it has);
 - ``ngh2`` and ``h2``: the least a server on each HTTP/2 engine does (one asyncio
   protocol, the engine fed bytes, the reply and trailers queued; no protections).
@@ -134,7 +134,7 @@ async def _serve(kind: str) -> None:
         await server.wait_for_termination()
         return
     if kind == "wire":
-        from ballast.server.h2grpc import H2GrpcServer
+        from ballast.wire.h2grpc import H2GrpcServer
 
         echo = _Echo().service(None)  # type: ignore[arg-type]
         wire = H2GrpcServer(lambda method: echo, max_receive=1 << 20, ssl_context=None)

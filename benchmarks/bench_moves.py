@@ -45,9 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ballast.clock import SystemClock
 from ballast.cluster import AdminClient
 from ballast.cluster.traffic import LiveTraffic
+from ballast.metadata.directory import Directory
 from ballast.metadata.etcd import EtcdStore
 from ballast.model import TopicName
-from ballast.server.directory import Directory
 from benchmarks.bench_failover import overhead, pct, spread
 from benchmarks.cli import emit, parse_args
 from benchmarks.processes import Processes

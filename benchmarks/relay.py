@@ -6,7 +6,7 @@ overhead can be read against what merely adding a Python gRPC hop costs on the s
 machine in the same run. It keeps no sessions, holds nothing across moves and checks
 nothing: lookups are answered by the broker with the relay put in as `connect_url`, every
 other call goes on unchanged as bytes — `--mode unary` one unary call per call,
-`--mode link` SendMessage on the gateway's send link (`ballast.server.link.SendLink`, on
+`--mode link` SendMessage on the gateway's send link (`ballast.wire.link.SendLink`, on
 the broker's TCP link port as the gateway's).
 
     python benchmarks/relay.py --broker 127.0.0.1:6650 [--mode link]
@@ -23,8 +23,8 @@ from typing import Any
 import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from ballast.server.link import SendLink
-from ballast.server.protocol import pb
+from ballast.wire.link import SendLink
+from ballast.wire.protocol import pb
 
 _LOOKUP = "/danube.Discovery/TopicLookup"
 _SEND = "/danube.ProducerService/SendMessage"

@@ -10,7 +10,7 @@ import uvicorn
 
 from ballast.cluster.admin import AdminClient
 from ballast.console import LiveCluster, create_app
-from ballast.server.auth import TokenAuthority
+from ballast.wire.auth import TokenAuthority
 
 
 @contextlib.asynccontextmanager

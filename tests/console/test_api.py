@@ -18,8 +18,8 @@ from ballast.config import parse_config
 from ballast.console import LiveCluster, create_app
 from ballast.metadata.memory import MemoryStore
 from ballast.model import TopicName
-from ballast.server.auth import Permission, TokenAuthority
-from ballast.server.schemas import SchemaStore
+from ballast.registry.service import SchemaStore
+from ballast.wire.auth import Permission, TokenAuthority
 from tests.cluster.helpers import FAST_REBALANCING, fast_config, wait_settled, wait_until
 from tests.console.helpers import serving
 

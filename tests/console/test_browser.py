@@ -24,7 +24,7 @@ from ballast.clock import SystemClock
 from ballast.cluster import AdminClient, LocalCluster
 from ballast.config import parse_config
 from ballast.metadata.etcd import EtcdStore
-from ballast.server.auth import Permission, TokenAuthority
+from ballast.wire.auth import Permission, TokenAuthority
 from tests.cluster.conftest import wipe
 from tests.cluster.helpers import FAST_REBALANCING, fast_config, wait_settled
 from tests.console.helpers import serving

@@ -15,7 +15,15 @@ from pathlib import Path
 
 import pytest
 
-FORBIDDEN_BELOW_THE_SHELL = ("grpc", "aetcd", "pyspark", "ballast.cluster", "ballast.server")
+FORBIDDEN_BELOW_THE_SHELL = (
+    "grpc",
+    "aetcd",
+    "pyspark",
+    "ballast.cluster",
+    "ballast.broker",
+    "ballast.gateway",
+    "ballast.wire",
+)
 
 
 def loaded(modules: list[str], prefixes: tuple[str, ...]) -> list[str]:
@@ -42,7 +50,7 @@ def test_the_live_leader_does_not_load_the_spark_pipeline() -> None:
 
 
 def test_the_data_plane_decodes_records_without_the_leader() -> None:
-    modules = ["ballast.metadata.records", "ballast.server.gateway", "ballast.server.service"]
+    modules = ["ballast.metadata.records", "ballast.gateway.gateway", "ballast.broker.service"]
     assert loaded(modules, ("ballast.leader", "ballast.balance")) == []
 
 
@@ -101,3 +109,25 @@ def test_no_module_imports_itself_through_another() -> None:
         if module not in done:
             visit(module, (module,))
     assert cycles == []
+
+
+SHELLS = ("ballast.cluster", "ballast.cli", "ballast.console")
+# What each process's package must not import (its `__init__` says why).
+PACKAGE_RULES = {
+    "wire": ("ballast.broker", "ballast.gateway", "ballast.registry", *SHELLS),
+    "registry": ("ballast.broker", "ballast.gateway", *SHELLS),
+    "gateway": ("ballast.broker", "ballast.registry", *SHELLS),
+    "broker": ("ballast.gateway", *SHELLS),
+}
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGE_RULES))
+def test_each_process_package_imports_only_what_its_docstring_allows(package: str) -> None:
+    root = Path(__file__).resolve().parents[2] / "src" / "ballast" / package
+    found = {
+        f"{path.name}: {target}"
+        for path in root.glob("*.py")
+        for target in imports_of(path)
+        if target.startswith(PACKAGE_RULES[package])
+    }
+    assert sorted(found) == []

@@ -11,6 +11,7 @@ import fastavro
 import pytest
 from google.protobuf import descriptor_pb2
 
+from ballast.broker.nack import DeadLetterPolicy, dead_letter_decision, policy_for
 from ballast.config import DataPlaneConfig
 from ballast.model import TopicName
 from ballast.schemas import (
@@ -24,7 +25,6 @@ from ballast.schemas import (
     compile_validator,
     parse_definition,
 )
-from ballast.server.nack import DeadLetterPolicy, dead_letter_decision, policy_for
 
 BACKWARD, FORWARD, FULL, NONE = (
     CompatibilityMode.BACKWARD,
@@ -186,7 +186,7 @@ def test_schema_calls_need_the_right_permission() -> None:
     from danube.proto import SchemaRegistry_pb2 as spb
 
     from ballast.config import AuthSettings
-    from ballast.server.auth import AuthError, AuthInterceptor, Permission, TokenAuthority
+    from ballast.wire.auth import AuthError, AuthInterceptor, Permission, TokenAuthority
 
     authority = TokenAuthority(AuthSettings(mode="jwt", secret="s" * 32))
     check = AuthInterceptor(authority, lambda rpc, code: None)._check

@@ -17,14 +17,14 @@ from typing import Any, Self
 
 from danube import DanubeClientBuilder, DispatchStrategy, SubType
 
+from ballast.broker import DataPlaneHost, DataPlaneServer
+from ballast.broker.metrics import DataPlaneMetrics
 from ballast.clock import SystemClock
 from ballast.cluster.cluster import BrokerProcess, build_broker
 from ballast.cluster.metrics import ClusterMetrics
 from ballast.config import BallastConfig, parse_config
 from ballast.metadata import MetadataStore, keys
-from ballast.server import DataPlaneHost, DataPlaneServer
-from ballast.server.directory import DEFAULT_NAMESPACE
-from ballast.server.metrics import DataPlaneMetrics
+from ballast.metadata.directory import DEFAULT_NAMESPACE
 from ballast.storage import FsspecObjectStore, ObjectStore
 from ballast.storage.objects import StoredObject
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from ballast.clock import FakeClock
 from ballast.metadata import MemoryStore, Put, keys
+from ballast.metadata.directory import Directory, Owner
 from ballast.metadata.records import Registration, claim_ops, release_ops
 from ballast.model import TopicName
-from ballast.server.directory import Directory, Owner
 
 TOPIC = TopicName.parse("/default/t")
 

@@ -8,14 +8,14 @@ import random
 import grpc
 import pytest
 
-from ballast.server.dispatch import (
+from ballast.broker.dispatch import (
     ConsumerHandle,
     Delivery,
     SubscriptionDispatcher,
     drain,
     fnv1a64,
 )
-from ballast.server.errors import RpcFailure
+from ballast.wire.errors import RpcFailure
 
 
 def d(offset: int, key: str = "k") -> Delivery:
@@ -134,7 +134,7 @@ async def test_type_mismatch_and_a_second_exclusive_consumer_are_refused() -> No
 async def test_after_a_takeover_sent_messages_get_a_grace_before_redelivery(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import ballast.server.dispatch as dispatch
+    import ballast.broker.dispatch as dispatch
 
     monkeypatch.setattr(dispatch, "REDELIVERY_GRACE", 0.05)
     sub = reliable()

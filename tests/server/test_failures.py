@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from ballast.broker import topics as served_topics
 from ballast.cluster import AdminClient
 from ballast.metadata import keys
-from ballast.server import topics as served_topics
 from ballast.storage import FsspecObjectStore
 from tests.server.helpers import DataCluster, DispatchStrategy, SubType, new_client, wait_until
 from tests.storage.helpers import FlakyObjectStore

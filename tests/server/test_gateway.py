@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from ballast.metadata.etcd import EtcdStore
-from ballast.server.protocol import CONNECT, pb, pb_grpc
+from ballast.wire.protocol import CONNECT, pb, pb_grpc
 from tests.etcd_fixtures import EtcdServer
 from tests.server.helpers import DispatchStrategy, SubType, new_client, wait_until
 from tests.server.procs import Processes, write_config

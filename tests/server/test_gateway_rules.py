@@ -16,12 +16,14 @@ import grpc
 import pytest
 
 from ballast.config import parse_config
+from ballast.gateway.calls import BROKER_HEADER
+from ballast.gateway.gateway import Gateway
+from ballast.gateway.routes import OwnerTable
 from ballast.metadata import MemoryStore, keys
 from ballast.metadata.records import claim_ops, release_ops
 from ballast.model import TopicName
-from ballast.server.gateway import BROKER_HEADER, Gateway, OwnerTable
-from ballast.server.link import LINK_METHOD, LinkService, SendLink
-from ballast.server.protocol import CLIENT_CONSUMER, HEALTH_CLOSE, pb, pb_grpc
+from ballast.wire.link import LINK_METHOD, LinkService, SendLink
+from ballast.wire.protocol import CLIENT_CONSUMER, HEALTH_CLOSE, pb, pb_grpc
 from tests.etcd_fixtures import free_port
 
 pytestmark = pytest.mark.timeout(30)

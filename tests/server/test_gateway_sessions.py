@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from ballast.cluster import AdminClient
+from ballast.gateway.gateway import Gateway
+from ballast.gateway.sessions import ACKED_REMEMBERED, HeldBudget, SessionTable
 from ballast.metadata.etcd import EtcdStore
-from ballast.server.gateway import Gateway
-from ballast.server.gateway_sessions import ACKED_REMEMBERED, HeldBudget, SessionTable
 from tests.etcd_fixtures import TcpProxy
 from tests.server.helpers import (
     DataCluster,

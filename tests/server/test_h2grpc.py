@@ -11,7 +11,7 @@ import grpc
 import hpack
 import pytest
 
-from ballast.server.h2grpc import CallContext, H2GrpcServer
+from ballast.wire.h2grpc import CallContext, H2GrpcServer
 
 _MAX = 64 * 1024
 

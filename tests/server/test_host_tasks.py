@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
+from ballast.broker import host as host_module
+from ballast.broker.host import DISPATCH_KEY, RELIABLE, DataPlaneHost
+from ballast.broker.service import DataPlaneService
 from ballast.clock import FakeClock
 from ballast.metadata import MemoryStore, keys
 from ballast.metadata.store import KeyValue, Listing, MetadataUnavailableError
 from ballast.model import TopicName
-from ballast.server import host as host_module
-from ballast.server.host import DISPATCH_KEY, RELIABLE, DataPlaneHost
-from ballast.server.protocol import pb
-from ballast.server.service import DataPlaneService
+from ballast.wire.protocol import pb
 from tests.server.helpers import data_config
 from tests.storage.helpers import eventually
 

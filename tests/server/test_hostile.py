@@ -16,18 +16,18 @@ import grpc
 import pytest
 from typer.testing import CliRunner
 
+from ballast.broker import host as host_module
 from ballast.cli.main import app
 from ballast.clock import FakeClock
 from ballast.config import AuthSettings
 from ballast.metadata import keys
 from ballast.metadata.etcd import EtcdStore
 from ballast.model import TopicName
-from ballast.server import host as host_module
-from ballast.server.auth import Permission, TokenAuthority
-from ballast.server.cluster_calls import ClusterDialer
-from ballast.server.protocol import CLIENT_CONSUMER, CLIENT_PRODUCER, pb, pb_grpc
 from ballast.storage import StorageConfig, WriteAheadLog
 from ballast.storage.log import BrokerLog
+from ballast.wire.auth import Permission, TokenAuthority
+from ballast.wire.cluster_calls import ClusterDialer
+from ballast.wire.protocol import CLIENT_CONSUMER, CLIENT_PRODUCER, pb, pb_grpc
 from tests.etcd_fixtures import EtcdServer
 from tests.server.certs import Pki, make_pki
 from tests.server.helpers import (

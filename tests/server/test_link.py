@@ -15,10 +15,11 @@ import grpc
 import pytest
 
 from ballast.config import TlsSettings, parse_config
+from ballast.gateway.brokers import BrokerLinks
+from ballast.gateway.gateway import Gateway
 from ballast.metadata.etcd import EtcdStore
-from ballast.server.auth import Permission
-from ballast.server.gateway import BrokerLinks, Gateway
-from ballast.server.link import (
+from ballast.wire.auth import Permission
+from ballast.wire.link import (
     ACK_LINK_METHOD,
     LINK_METHOD,
     TCP_PREAMBLE,
@@ -28,8 +29,8 @@ from ballast.server.link import (
     encode_record,
     request_body,
 )
-from ballast.server.protocol import pb, pb_grpc
-from ballast.server.security import channel_credentials, client_ssl_context
+from ballast.wire.protocol import pb, pb_grpc
+from ballast.wire.security import channel_credentials, client_ssl_context
 from tests.server.certs import make_pki
 from tests.server.helpers import DataBroker, DataCluster, data_config, new_client
 from tests.server.test_hostile import raw_producer

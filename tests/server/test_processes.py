@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
+from ballast.broker.dispatch import REDELIVERY_GRACE
 from ballast.cluster import AdminClient
 from ballast.metadata import keys
 from ballast.metadata.etcd import EtcdStore
-from ballast.server.dispatch import REDELIVERY_GRACE
 from tests.etcd_fixtures import EtcdServer
 from tests.server.helpers import DispatchStrategy, SubType, new_client, wait_until
 

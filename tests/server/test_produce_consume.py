@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from ballast.cluster import AdminClient
-from ballast.server.protocol import pb, pb_grpc
+from ballast.wire.protocol import pb, pb_grpc
 from tests.server.helpers import DataCluster, DispatchStrategy, SubType, new_client, wait_until
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,7 +10,7 @@ import pytest
 from danube.proto import DanubeApi_pb2, DanubeApi_pb2_grpc
 from google.protobuf import descriptor_pb2
 
-from ballast.server.protocol import served_descriptor
+from ballast.wire.protocol import served_descriptor
 from tests.server.helpers import DataCluster, DispatchStrategy, SubType, new_client
 
 pytestmark = pytest.mark.timeout(60)

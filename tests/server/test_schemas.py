@@ -18,11 +18,11 @@ from danube import CompatibilityMode, SchemaType
 from google.protobuf import descriptor_pb2
 from typer.testing import CliRunner
 
+from ballast.broker.nack import ATTR_OFFSET, ATTR_REASON, ATTR_TOPIC
 from ballast.cli.main import app
+from ballast.gateway.gateway import Gateway
 from ballast.metadata import keys
 from ballast.metadata.etcd import EtcdStore
-from ballast.server.gateway import Gateway
-from ballast.server.nack import ATTR_OFFSET, ATTR_REASON, ATTR_TOPIC
 from tests.server.helpers import (
     DataCluster,
     DispatchStrategy,
@@ -467,7 +467,7 @@ async def test_ids_and_versions_are_unique_under_concurrent_registrations(
     etcd_store: EtcdStore,
 ) -> None:
     from ballast.clock import SystemClock
-    from ballast.server.schemas import SchemaStore
+    from ballast.registry.service import SchemaStore
 
     brokers = [SchemaStore(etcd_store, SystemClock()) for _ in range(3)]  # three brokers
     subjects = [f"s{i}" for i in range(12)]
@@ -484,7 +484,7 @@ async def test_ids_and_versions_are_unique_under_concurrent_registrations(
 
 
 async def test_dispatcher_holds_an_offset_for_a_delay_that_outlived_a_move() -> None:
-    from ballast.server.dispatch import Delivery, SubscriptionDispatcher
+    from ballast.broker.dispatch import Delivery, SubscriptionDispatcher
 
     d = SubscriptionDispatcher("s", "exclusive", window=10, reliable=True, buffer=100)
     d.hold(1, 0.2)  # before the reader offers it

@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from ballast.cli.main import app
 from ballast.config import AuthSettings, BallastConfig, parse_config
+from ballast.gateway.gateway import Gateway
 from ballast.metadata.etcd import EtcdStore
-from ballast.server.auth import Permission, TokenAuthority
-from ballast.server.gateway import Gateway
+from ballast.wire.auth import Permission, TokenAuthority
 from tests.server.certs import Pki, make_pki, make_rsa_pair
 from tests.server.helpers import DataCluster, DispatchStrategy, SubType
 
@@ -173,7 +173,7 @@ async def test_no_token_and_a_client_that_distrusts_the_server(
     async with grpc.aio.secure_channel(
         gateway.advertise, grpc.ssl_channel_credentials(pki.ca.read_bytes())
     ) as channel:
-        from ballast.server.protocol import pb, pb_grpc
+        from ballast.wire.protocol import pb, pb_grpc
 
         with pytest.raises(grpc.aio.AioRpcError) as anonymous:
             await pb_grpc.DiscoveryStub(channel).TopicLookup(

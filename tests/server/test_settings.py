@@ -6,8 +6,8 @@ import pytest
 
 from ballast.config import ConfigError, parse_config
 from ballast.metadata import keys
-from ballast.server.directory import partition_index
-from ballast.server.server import split_url
+from ballast.metadata.directory import partition_index
+from ballast.wire.address import split_url
 
 
 def test_data_plane_and_storage_sections() -> None:

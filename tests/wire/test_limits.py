@@ -14,7 +14,7 @@ import hpack
 import pytest
 
 from ballast.config import ConfigError, parse_config
-from ballast.server.h2grpc import CallContext, H2GrpcServer, WireLimits
+from ballast.wire.h2grpc import CallContext, H2GrpcServer, WireLimits
 from tests.wire.clients import (
     ACK,
     DATA,

@@ -30,7 +30,7 @@ def _fail(message: str, code: int) -> typer.Exit:
 
 async def run_gateway(etcd: str, config: BallastConfig, listen: str) -> None:
     """Serve a gateway until SIGINT/SIGTERM."""
-    from ballast.server.gateway import serve_gateway
+    from ballast.gateway.gateway import serve_gateway
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -104,7 +104,7 @@ def check_admin_token(token: str | None, config: Path | None) -> str | None:
     Errors say UNAUTHENTICATED (missing, expired, forged) or PERMISSION_DENIED (no admin
     permission). Without an auth configuration nothing is checked (None).
     """
-    from ballast.server.auth import AuthError, Permission, TokenAuthority
+    from ballast.wire.auth import AuthError, Permission, TokenAuthority
 
     if config is None:
         return None
@@ -167,7 +167,7 @@ def register_tokens(admin_app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Print a signed token (HS256 secret or RS256 private key from the config)."""
-        from ballast.server.auth import TokenAuthority, parse_permissions
+        from ballast.wire.auth import TokenAuthority, parse_permissions
 
         try:
             cfg = load_config(config)

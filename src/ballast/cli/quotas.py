@@ -1,4 +1,4 @@
-"""`ballast admin namespaces set-policy`: a namespace's quotas (see `server.quotas`)."""
+"""`ballast admin namespaces set-policy`: a namespace's quotas (see `broker.quotas`)."""
 
 from __future__ import annotations
 

@@ -31,9 +31,9 @@ from ballast.cli.cluster import (
 from ballast.cluster.admin import AdminClient, AdminError
 from ballast.metadata import keys
 from ballast.model import InvalidTopicName, TopicName
+from ballast.registry.service import SchemaStore, subject_rows, topic_binding, version_dict
 from ballast.schemas import SchemaError, SchemaVersion
-from ballast.server.errors import RpcFailure
-from ballast.server.schemas import SchemaStore, subject_rows, topic_binding, version_dict
+from ballast.wire.errors import RpcFailure
 
 __all__ = ["register", "register_dead_letters", "schemas_app"]
 

@@ -110,7 +110,7 @@ class TopicDetail:
     meta: Mapping[str, Any]
     placement: Placement  # where the topic would go if it were placed now, and why
     storage: StoredSize | None = None  # a reliable topic's objects in the object store
-    # Its owner's backpressure figures (`server.pressure`), if it ever felt a limit.
+    # Its owner's backpressure figures (`broker.pressure`), if it ever felt a limit.
     pressure: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:

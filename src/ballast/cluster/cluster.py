@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import Self
 
 from ballast.aio import TaskOwner
+from ballast.broker.host import DataPlaneHost
 from ballast.clock import Clock
 from ballast.cluster.broker import BrokerNode
 from ballast.cluster.election import LeaderElection
@@ -29,7 +30,6 @@ from ballast.config import BallastConfig
 from ballast.load_history import HistoryWriter
 from ballast.metadata import MetadataStore
 from ballast.model import BrokerId
-from ballast.server.host import DataPlaneHost
 
 log = logging.getLogger(__name__)
 

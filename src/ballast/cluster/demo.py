@@ -216,7 +216,7 @@ class LiveDemo:
         self.traffic: LiveTraffic | None = None
 
     async def start(self) -> None:
-        from ballast.server.gateway import Gateway
+        from ballast.gateway.gateway import Gateway
 
         logging.getLogger("danube").setLevel(logging.ERROR)  # the client's re-subscribe notes
         self.gateway = Gateway(self.store, self.config, "127.0.0.1:0")

@@ -16,15 +16,15 @@ import logging
 from pathlib import Path
 from types import TracebackType
 
+from ballast.broker import DataPlaneHost, DataPlaneServer
+from ballast.broker.topics import ReliableServedTopic
 from ballast.clock import Clock
 from ballast.cluster.cluster import BrokerProcess, LocalCluster, build_broker
 from ballast.cluster.host import HostSampler, ProfileFn, SyntheticHost, idle_profiles
 from ballast.config import BallastConfig
 from ballast.metadata import MetadataStore
+from ballast.metadata.directory import DEFAULT_NAMESPACE
 from ballast.model import BrokerId, TopicLoad, UnassignedMarker, topic_namespace
-from ballast.server import DataPlaneHost, DataPlaneServer
-from ballast.server.directory import DEFAULT_NAMESPACE
-from ballast.server.topics import ReliableServedTopic
 from ballast.storage import Handoff, SealedState
 
 __all__ = ["LiveCluster", "MixedHost"]

@@ -2,7 +2,7 @@
 
 The same `serve` backs ``ballast broker``. It serves until SIGINT or SIGTERM, then leaves
 gracefully (topics sealed, leadership handed over, leases revoked). Topics are served by
-the data plane (`ballast.server`: Danube's client protocol on `broker.broker_url`, port 0
+the data plane (`ballast.broker`: Danube's client protocol on `broker.broker_url`, port 0
 picks a free port and the registration carries the real address), or, with
 ``--profiles idle|mixed``, by a `SyntheticHost` whose traffic is simulated.
 """
@@ -19,6 +19,8 @@ import sys
 from collections.abc import Callable
 
 from ballast import heap
+from ballast.broker import DataPlaneHost, DataPlaneServer
+from ballast.broker.metrics import DataPlaneMetrics
 from ballast.clock import SystemClock
 from ballast.cluster.cluster import build_broker
 from ballast.cluster.host import (
@@ -30,11 +32,9 @@ from ballast.cluster.host import (
 )
 from ballast.cluster.metrics import ClusterMetrics
 from ballast.config import BallastConfig, load_config
+from ballast.metadata.directory import DEFAULT_NAMESPACE
 from ballast.metadata.factory import open_store
 from ballast.model import BrokerId, validate_broker_id
-from ballast.server import DataPlaneHost, DataPlaneServer
-from ballast.server.directory import DEFAULT_NAMESPACE
-from ballast.server.metrics import DataPlaneMetrics
 from ballast.storage import ObjectStoreMismatchError
 
 log = logging.getLogger(__name__)

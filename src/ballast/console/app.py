@@ -29,9 +29,9 @@ from ballast.console.live import BalanceSample, LiveCluster
 from ballast.console.targets import prometheus_targets
 from ballast.metadata import MetadataError, MetadataUnavailableError
 from ballast.model import InvalidTopicName, Move, TopicName
+from ballast.registry.service import SchemaStore, subject_rows, topic_binding, version_dict
 from ballast.schemas import SchemaError, validate_subject
-from ballast.server.auth import AuthError, Permission, TokenAuthority
-from ballast.server.schemas import SchemaStore, subject_rows, topic_binding, version_dict
+from ballast.wire.auth import AuthError, Permission, TokenAuthority
 
 MAX_PAGE = 1000
 KEEPALIVE_SECONDS = 15.0

@@ -18,7 +18,7 @@ from ballast.console.app import create_app
 from ballast.console.live import LiveCluster
 from ballast.metadata import keys
 from ballast.metadata.factory import open_store
-from ballast.server.auth import TokenAuthority
+from ballast.wire.auth import TokenAuthority
 
 log = logging.getLogger(__name__)
 

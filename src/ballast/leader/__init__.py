@@ -2,9 +2,11 @@
 
 `LeaderMachine.step(event) -> Ready`; the live leader (`cluster.load_manager`), the
 simulator (`simulate.engine`) and the scripted tests (`tests/leader/testdata`) drive it.
-In parts: `effects` (events and effects), `machine` (learning, the round, booking
-outcomes), `intents` (what a round decided to write), `transactions` (intents into
-guarded writes), `view` and `records` (the cluster's records, decoded).
+In parts: `effects` (events and effects), `machine` (the entry point, learning, booking
+outcomes), `rounds` (the round's steps), `state` (what a term knows: the view, history,
+estimates, snapshots and rankings), `intents` (what a round decided to write),
+`transactions` (intents into guarded writes), `view` and `records` (the cluster's
+records, decoded).
 """
 
 from ballast.leader.effects import (
@@ -20,8 +22,9 @@ from ballast.leader.effects import (
     Watched,
     Write,
     WriteDone,
+    effects_text,
 )
-from ballast.leader.machine import LeaderMachine, effects_text
+from ballast.leader.machine import LeaderMachine
 
 __all__ = [
     "Bootstrap",

@@ -8,6 +8,7 @@ outcome back as a `WriteDone`.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -176,3 +177,47 @@ class Collector:
             self.decision,
             tuple(self.moved),
         )
+
+
+def effects_text(ready: Ready) -> list[str]:
+    """A stable one-line-per-effect rendering (scripted tests, replay comparisons)."""
+    lines: list[str] = []
+    for w in ready.writes:
+        lines.append(f"write {w.id}: {w.what}")
+        lines += [f"  if {_compare_text(c)}" for c in w.compares]
+        lines += [f"  {_op_text(op)}" for op in w.ops]
+    if ready.rankings is not None:
+        order = [e["broker_id"] for e in ready.rankings.payload["rankings"]]
+        lines.append(f"rankings: {' '.join(order)}")
+    lines += [f"history: {h.report.broker_id}" for h in ready.history]
+    for m in ready.metrics:
+        if m.kind == "inc":
+            labels = ",".join(f"{k}={v}" for k, v in m.labels)
+            lines.append(f"metric {m.name}{{{labels}}} +{m.value:g}")
+    lines += [f"{'note' if line.note else 'log'}: {line.message}" for line in ready.logs]
+    return lines
+
+
+def _compare_text(c: Compare) -> str:
+    if c.target == "version" and c.op == "==" and c.operand == 0:
+        return f"absent {c.key}"
+    if c.target == "version" and c.op == ">" and c.operand == 0:
+        return f"present {c.key}"
+    return f"{c.key} {c.target} {c.op} {c.operand}"
+
+
+def _op_text(op: Put | Delete) -> str:
+    if isinstance(op, Delete):
+        return f"delete {op.key}"
+    return f"put {op.key} {json.dumps(_compact(op.value), sort_keys=True, separators=(',', ':'))}"
+
+
+def _compact(value: Any) -> Any:
+    """A value without its times and nulls (stable across runs, short to read)."""
+    if isinstance(value, dict):
+        return {
+            k: _compact(v)
+            for k, v in value.items()
+            if v is not None and k not in ("timestamp", "assigned_at", "since")
+        }
+    return value

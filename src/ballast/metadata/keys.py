@@ -33,7 +33,7 @@ a foreign key instead of crashing.
 | `subscription_redeliveries(t, s)` | ``/topics/{ns}/{topic}/subscriptions/{s}/redeliveries`` |
 | `dead_letter_policy(ns)` | ``/policies/dead_letter/{ns}`` (`{max_deliveries, …}`) |
 | `retention_policy(ns)` | ``/policies/retention/{ns}`` (`{time_seconds, size_bytes}`) |
-| `quota_policy(ns)` | ``/policies/quotas/{ns}`` (`{max_topics, …}`, see `server.quotas`) |
+| `quota_policy(ns)` | ``/policies/quotas/{ns}`` (`{max_topics, …}`, see `broker.quotas`) |
 | `SCHEMA_ID_COUNTER` | ``/schemas/next_id`` (`{next}`: allocated by compare-and-swap) |
 | `schema_subject(subj)` | ``/schemas/subjects/{subj}/meta`` (`{schema_id, compatibility}`) |
 | `schema_version(subj, v)` | ``/schemas/subjects/{subj}/versions/{v:010}`` |
@@ -147,7 +147,7 @@ NAMESPACES_PREFIX = "/namespaces/"
 # Per-namespace dead-letter policies and the schema registry (issue 22).
 POLICIES_PREFIX = "/policies/"
 SCHEMAS_PREFIX = "/schemas/"
-# Figures of a topic's limits as its owner last saw them (see `server.pressure`); kept
+# Figures of a topic's limits as its owner last saw them (see `broker.pressure`); kept
 # out of /topics/ so that their updates do not wake the leader.
 PRESSURE_PREFIX = "/pressure/"
 SCHEMA_SUBJECTS_PREFIX = "/schemas/subjects/"
@@ -643,6 +643,6 @@ def quota_policy(namespace: str) -> str:
 
 
 def topic_pressure(topic: TopicLike) -> str:
-    """A topic's backpressure figures, written by its owner (`server.pressure`)."""
+    """A topic's backpressure figures, written by its owner (`broker.pressure`)."""
     t = _topic(topic)
     return f"{PRESSURE_PREFIX}{t.namespace}/{t.name}"

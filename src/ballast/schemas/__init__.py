@@ -1,5 +1,5 @@
 """The schema registry's pure logic: types, definitions and payload validators, and
-compatibility between versions. No I/O: the registry service (`ballast.server.schemas`)
+compatibility between versions. No I/O: the registry service (`ballast.registry.service`)
 stores and serves what these functions decide."""
 
 from ballast.schemas.compat import check_compatibility, reader_errors

@@ -31,7 +31,7 @@ import grpc
 from ballast.config import DataPlaneConfig
 from ballast.metadata import MetadataStore, keys
 from ballast.model import InvalidTopicName, TopicName
-from ballast.server.protocol import pb, pb_grpc
+from ballast.wire.protocol import pb, pb_grpc
 
 __all__ = [
     "ATTR_DELIVERIES",
@@ -257,7 +257,7 @@ class NackHandler:
 
     async def _publish(self, topic: TopicName, message: Any) -> None:
         """Publish to `topic` wherever it is served (creating it, reliable, if absent)."""
-        from ballast.server.host import DISPATCH_KEY, RELIABLE
+        from ballast.broker.host import DISPATCH_KEY, RELIABLE
 
         directory = self.host.directory
         name = str(topic)

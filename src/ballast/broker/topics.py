@@ -21,11 +21,8 @@ from enum import StrEnum
 from typing import Any
 
 from ballast.aio import TaskOwner, cancel_and_wait
+from ballast.broker.dispatch import ConsumerHandle, Delivery, SubscriptionDispatcher
 from ballast.model import TopicLoad
-from ballast.server.auth import Binding
-from ballast.server.dispatch import ConsumerHandle, Delivery, SubscriptionDispatcher, new_id
-from ballast.server.errors import not_served
-from ballast.server.protocol import pb
 from ballast.storage import (
     DurabilityTimeoutError,
     Handoff,
@@ -39,6 +36,9 @@ from ballast.storage import (
     WalClosedError,
     WalError,
 )
+from ballast.wire.auth import Binding
+from ballast.wire.errors import not_served
+from ballast.wire.protocol import new_id, pb
 
 __all__ = [
     "NonReliableServedTopic",

@@ -48,7 +48,7 @@ import grpc
 import ngh2
 from google.protobuf.message import DecodeError
 
-from ballast.server.errors import RpcFailure
+from ballast.wire.errors import RpcFailure
 
 if TYPE_CHECKING:
     from ballast.config import WireSettings

@@ -24,25 +24,24 @@ from pathlib import Path
 from typing import Any
 
 from ballast.aio import TaskOwner, cancel_and_wait
-from ballast.clock import Clock
-from ballast.config import BallastConfig
-from ballast.metadata import Listing, MetadataStore, keys
-from ballast.model import TopicLoad, TopicName, UnassignedMarker
-from ballast.server.budgets import ByteBudgets
-from ballast.server.cluster_calls import ClusterDialer
-from ballast.server.directory import Directory
-from ballast.server.dispatch import ConsumerHandle, drain
-from ballast.server.expiry import expired
-from ballast.server.metrics import DataPlaneMetrics
-from ballast.server.pressure import topic_figures
-from ballast.server.relay import ConsumerRelay
-from ballast.server.storage_metrics import StorageCollector
-from ballast.server.topics import (
+from ballast.broker.budgets import ByteBudgets
+from ballast.broker.dispatch import ConsumerHandle, drain
+from ballast.broker.expiry import expired
+from ballast.broker.metrics import DataPlaneMetrics
+from ballast.broker.pressure import topic_figures
+from ballast.broker.relay import ConsumerRelay
+from ballast.broker.storage_metrics import StorageCollector
+from ballast.broker.topics import (
     NonReliableServedTopic,
     ProducerEntry,
     ReliableServedTopic,
     ServedTopic,
 )
+from ballast.clock import Clock
+from ballast.config import BallastConfig
+from ballast.metadata import Listing, MetadataStore, keys
+from ballast.metadata.directory import Directory
+from ballast.model import TopicLoad, TopicName, UnassignedMarker
 from ballast.storage import (
     AckMode,
     CommitStream,
@@ -60,6 +59,7 @@ from ballast.storage import (
 from ballast.storage.log import BrokerLog
 from ballast.storage.retention import RetentionPolicies
 from ballast.storage.ticker import Ticker
+from ballast.wire.cluster_calls import ClusterDialer
 
 __all__ = ["DISPATCH_KEY", "DataPlaneHost"]
 
@@ -543,7 +543,7 @@ class DataPlaneHost:
         return due
 
     async def publish_pressure(self) -> int:
-        """Write the changed pressure figures of served topics (`server.pressure`)."""
+        """Write the changed pressure figures of served topics (`broker.pressure`)."""
         written = 0
         for name, served in list(self.topics.items()):
             figures = topic_figures(served, self.budgets)

@@ -66,8 +66,8 @@ from ballast.schemas import (
     parse_definition,
     validate_subject,
 )
-from ballast.server.errors import RpcFailure, bad_input, not_served
-from ballast.server.rpc import rpc
+from ballast.wire.errors import RpcFailure, bad_input, not_served
+from ballast.wire.rpc import rpc
 
 __all__ = [
     "SCHEMA_SERVICE_PREFIX",

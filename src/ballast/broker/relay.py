@@ -25,13 +25,13 @@ from typing import Any
 import grpc
 
 from ballast.aio import TaskOwner
+from ballast.broker.dispatch import ConsumerHandle, Delivery
+from ballast.metadata.directory import Directory
 from ballast.model import TopicName
-from ballast.server.cluster_calls import ClusterDialer
-from ballast.server.directory import Directory
-from ballast.server.dispatch import ConsumerHandle, Delivery
-from ballast.server.protocol import SUBSCRIPTION_TYPES, pb, pb_grpc
+from ballast.wire.cluster_calls import ClusterDialer
+from ballast.wire.protocol import RELAY_HEADER, SUBSCRIPTION_TYPES, pb, pb_grpc
 
-__all__ = ["CARRIED_HEADER", "RELAY_HEADER", "ConsumerRelay"]
+__all__ = ["ConsumerRelay"]
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +41,6 @@ RPC_TIMEOUT = 2.0
 GIVE_BACK_AFTER = 0.05
 # A relayed message sent this shortly before CLOSE may have been dropped by the client.
 IN_HAND_SECONDS = 0.05
-# Marks a relay's stream, so the new owner keeps what was sent for the client to ack.
-RELAY_HEADER = "x-ballast-relay"
-# Marks a gateway's stream of a consumer it carries across moves itself: no relay for it
-# (the relay would subscribe on the new owner under the same name as the gateway does,
-# and each would take the other's stream over).
-CARRIED_HEADER = "x-ballast-carried"
 
 
 class ConsumerRelay:

@@ -21,7 +21,7 @@ import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from ballast.server.dispatch import new_id
+from ballast.wire.protocol import new_id
 
 __all__ = ["ConsumerSession", "HeldBudget", "ProducerSession", "SessionTable"]
 

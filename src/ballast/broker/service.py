@@ -28,36 +28,37 @@ from typing import Any, TypeVar
 import grpc
 
 from ballast.aio import both
+from ballast.broker.host import DISPATCH_KEY, NON_RELIABLE, RELIABLE, DataPlaneHost
+from ballast.broker.nack import NackHandler
+from ballast.broker.quotas import QuotaCache, over_quota
+from ballast.broker.topics import ServedTopic
 from ballast.config import BallastConfig
 from ballast.metadata import keys
+from ballast.metadata.directory import Owner, partition_index
 from ballast.model import InvalidTopicName, TopicName
-from ballast.server.auth import AuthError, Binding, Permission, bind, check_bound
-from ballast.server.directory import Owner, partition_index
-from ballast.server.errors import RpcFailure, bad_input, not_served
-from ballast.server.host import DISPATCH_KEY, NON_RELIABLE, RELIABLE, DataPlaneHost
-from ballast.server.limits import check_message, check_name
-from ballast.server.nack import NackHandler
-from ballast.server.protocol import (
+from ballast.registry.service import (
+    SchemaStore,
+    TopicSchemas,
+    producer_schema_check,
+    send_check,
+)
+from ballast.wire.auth import AuthError, Binding, Permission, bind, check_bound
+from ballast.wire.errors import RpcFailure, bad_input, not_served
+from ballast.wire.limits import check_message, check_name
+from ballast.wire.protocol import (
+    CARRIED_HEADER,
     CLIENT_CONSUMER,
     CLIENT_PRODUCER,
     CONNECT,
     HEALTH_CLOSE,
     HEALTH_OK,
     REDIRECT,
+    RELAY_HEADER,
     SUBSCRIPTION_TYPES,
     pb,
     pb_grpc,
 )
-from ballast.server.quotas import QuotaCache, over_quota
-from ballast.server.relay import CARRIED_HEADER, RELAY_HEADER
-from ballast.server.rpc import rpc
-from ballast.server.schemas import (
-    SchemaStore,
-    TopicSchemas,
-    producer_schema_check,
-    send_check,
-)
-from ballast.server.topics import ServedTopic
+from ballast.wire.rpc import rpc
 
 __all__ = ["DataPlaneService"]
 

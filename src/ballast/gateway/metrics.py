@@ -10,23 +10,36 @@ the GIL) and never changes anything.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ballast.server.wire_metrics import wire_series
+from ballast.gateway.brokers import BrokerLinks
+from ballast.gateway.sessions import HeldBudget, SessionTable
+from ballast.wire.h2grpc import H2GrpcServer
+from ballast.wire.metrics import wire_series
 
-if TYPE_CHECKING:
-    from ballast.server.gateway import Gateway
+__all__ = ["GatewayCollector", "GatewayState", "serve_metrics"]
 
-__all__ = ["GatewayCollector", "serve_metrics"]
+
+class GatewayState(Protocol):
+    """What the collector reads of a gateway (so this module does not import the gateway
+    that serves it)."""
+
+    counts: dict[str, int]
+    sessions: SessionTable
+    held: HeldBudget
+    links: BrokerLinks
+
+    @property
+    def wire(self) -> H2GrpcServer | None: ...
 
 
 class GatewayCollector(Collector):
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: GatewayState) -> None:
         self.gateway = gateway
 
     def collect(self) -> Iterator[Metric]:
@@ -86,7 +99,7 @@ class GatewayCollector(Collector):
             yield from wire_series(server)
 
 
-def serve_metrics(gateway: Gateway, host: str, port: int) -> WSGIServer:
+def serve_metrics(gateway: GatewayState, host: str, port: int) -> WSGIServer:
     """Expose the gateway's series on `host:port` (prometheus_client's HTTP thread);
     `shutdown()` and `server_close()` on the server stop it."""
     registry = CollectorRegistry()

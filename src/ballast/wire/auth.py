@@ -40,8 +40,8 @@ import jwt
 from danube.proto import SchemaRegistry_pb2 as spb
 
 from ballast.config import AuthSettings
-from ballast.server.protocol import pb
-from ballast.server.rpc import WrappingInterceptor
+from ballast.wire.protocol import pb
+from ballast.wire.rpc import WrappingInterceptor
 
 __all__ = [
     "AuthError",

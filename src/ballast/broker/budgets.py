@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import grpc
 
-from ballast.server.errors import RpcFailure
+from ballast.wire.errors import RpcFailure
 
 __all__ = ["ByteBudgets"]
 

@@ -35,7 +35,6 @@ import fnmatch
 import heapq
 import itertools
 import logging
-import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -44,9 +43,10 @@ from typing import Any
 
 import grpc
 
-from ballast.server.auth import Binding
-from ballast.server.errors import RpcFailure
 from ballast.storage.cursor import AckRanges
+from ballast.wire.auth import Binding
+from ballast.wire.errors import RpcFailure
+from ballast.wire.protocol import new_id
 
 __all__ = [
     "ConsumerHandle",
@@ -54,7 +54,6 @@ __all__ = [
     "SubscriptionDispatcher",
     "drain",
     "fnv1a64",
-    "new_id",
 ]
 
 log = logging.getLogger(__name__)
@@ -88,11 +87,6 @@ def rendezvous_score(key_hash: int, consumer_hash: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
     return x ^ (x >> 31)
-
-
-def new_id() -> int:
-    """A random non-zero 64-bit id, as Danube hands out for producers and consumers."""
-    return secrets.randbits(64) or 1
 
 
 @dataclass(slots=True)

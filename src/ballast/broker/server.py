@@ -5,7 +5,7 @@ picks a free port), serves the four services of the client protocol and exposes 
 address clients must use (`server.url`, the broker's real `broker_url`). On exit it stops
 accepting calls and gives open streams a short grace period.
 
-The port is served by the wire layer every client port shares (`server.h2grpc`, on
+The port is served by the wire layer every client port shares (`ballast.wire.h2grpc`, on
 libnghttp2, with the protections of the config's `wire` section), not by `grpc.aio`: its
 server spent 80-90 % of a broker's CPU per non-reliable message (issue 37). The servicers
 are registered through the generated ``add_*Servicer_to_server`` functions as before
@@ -16,7 +16,6 @@ once.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -24,32 +23,21 @@ from typing import Any
 import grpc
 
 from ballast.aio import Served
+from ballast.broker.host import DataPlaneHost
+from ballast.broker.service import DataPlaneService
 from ballast.config import BallastConfig
-from ballast.server.h2grpc import H2GrpcServer, WireLimits
-from ballast.server.host import DataPlaneHost
-from ballast.server.limits import DecodeInterceptor
-from ballast.server.link import LinkService
-from ballast.server.protocol import pb_grpc
-from ballast.server.schemas import SchemaRegistryService, spb_grpc
-from ballast.server.security import interceptors, server_ssl_context, token_authority
-from ballast.server.service import DataPlaneService
-from ballast.server.wire_metrics import WireCollector
+from ballast.registry.service import SchemaRegistryService, spb_grpc
+from ballast.wire.address import is_loopback, split_url
+from ballast.wire.h2grpc import H2GrpcServer, WireLimits
+from ballast.wire.limits import DecodeInterceptor
+from ballast.wire.link import LinkService
+from ballast.wire.metrics import WireCollector
+from ballast.wire.protocol import pb_grpc
+from ballast.wire.security import interceptors, server_ssl_context, token_authority
 
-__all__ = ["DataPlaneServer", "split_url"]
+__all__ = ["DataPlaneServer"]
 
 log = logging.getLogger(__name__)
-
-# What the gateway accepts and forwards (a broker refuses above its
-# `data_plane.max_request_bytes`).
-MAX_RECEIVE_BYTES = 64 * 1024 * 1024
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` names this machine only (``localhost``, 127.0.0.0/8, ``::1``)."""
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 class _Registry:
@@ -81,15 +69,6 @@ class _Details(grpc.HandlerCallDetails):
     def __init__(self, method: str) -> None:
         self.method = method
         self.invocation_metadata = ()
-
-
-def split_url(url: str) -> tuple[str, int]:
-    """(host, port) of ``host:port`` or ``http://host:port``; ValueError names the problem."""
-    rest = url.split("://", 1)[1] if "://" in url else url
-    host, sep, port = rest.rstrip("/").rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"broker_url {url!r}: expected host:port (port 0 picks a free one)")
-    return host, int(port)
 
 
 class DataPlaneServer(Served):

@@ -17,8 +17,8 @@ from pathlib import Path
 import grpc
 
 from ballast.config import BallastConfig
-from ballast.server.auth import ANY_NAMESPACE, Permission, TokenAuthority
-from ballast.server.security import channel_credentials
+from ballast.wire.auth import ANY_NAMESPACE, Permission, TokenAuthority
+from ballast.wire.security import channel_credentials
 
 __all__ = ["CLUSTER_SUBJECT", "ClusterDialer"]
 

@@ -18,7 +18,7 @@ import grpc
 
 from ballast.metadata import MetadataError
 from ballast.schemas import SchemaError
-from ballast.server.errors import RpcFailure, not_served
+from ballast.wire.errors import RpcFailure, not_served
 
 __all__ = ["RpcService", "WrappingInterceptor", "rpc", "schema_failure"]
 

@@ -1,4 +1,4 @@
-"""The wire layer's Prometheus series (`server.h2grpc`), on a gateway's or a broker's
+"""The wire layer's Prometheus series (`h2grpc`), on a gateway's or a broker's
 registry: what each protection refused or closed, and what the port holds, read from the
 server's live counts at each scrape (the hot path pays nothing for them)."""
 
@@ -11,7 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from ballast.server.h2grpc import H2GrpcServer
+    from ballast.wire.h2grpc import H2GrpcServer
 
 __all__ = ["WireCollector", "wire_series"]
 

@@ -46,8 +46,8 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from ballast.server.auth import CALLER, AuthError, TokenAuthority, authorize_call
-from ballast.server.protocol import pb
+from ballast.wire.auth import CALLER, AuthError, TokenAuthority, authorize_call
+from ballast.wire.protocol import pb
 
 __all__ = [
     "ACK_LINK_METHOD",

@@ -17,7 +17,7 @@ import grpc
 
 from ballast.clock import Clock
 from ballast.metadata import MetadataStore, keys
-from ballast.server.errors import RpcFailure
+from ballast.wire.errors import RpcFailure
 
 __all__ = ["QUOTA_FIELDS", "NamespaceQuotas", "QuotaCache", "over_quota", "quotas_from"]
 

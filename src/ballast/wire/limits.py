@@ -16,8 +16,8 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from ballast.server.errors import bad_input
-from ballast.server.rpc import WrappingInterceptor
+from ballast.wire.errors import bad_input
+from ballast.wire.rpc import WrappingInterceptor
 
 __all__ = [
     "MAX_NAME_BYTES",

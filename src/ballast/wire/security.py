@@ -17,8 +17,8 @@ from pathlib import Path
 import grpc
 
 from ballast.config import BallastConfig, TlsSettings
-from ballast.server.auth import AuthInterceptor, TokenAuthority
-from ballast.server.rpc import WrappingInterceptor
+from ballast.wire.auth import AuthInterceptor, TokenAuthority
+from ballast.wire.rpc import WrappingInterceptor
 
 __all__ = [
     "channel_credentials",

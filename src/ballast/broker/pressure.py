@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ballast.server.budgets import ByteBudgets
-from ballast.server.topics import ServedTopic
+from ballast.broker.budgets import ByteBudgets
+from ballast.broker.topics import ServedTopic
 
 __all__ = ["topic_figures"]
 
