@@ -29,7 +29,9 @@ def test_the_readme_links_resolve() -> None:
 def test_nothing_points_outside_the_repository() -> None:
     # The design references are restated in docs/design/; a path out of the checkout
     # would break in every clone.
-    outside = re.compile(r"\.\./shared|shared/reference|shared/ARCHITECTURE")
+    # Spelled in parts, so that this file does not match the grep it stands for.
+    shared = "shared" + "/"
+    outside = re.compile(re.escape(".." + "/" + shared) + f"|{shared}reference|{shared}ARCH")
     offenders = []
     for base in (
         "README.md",
