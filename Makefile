@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all demo test lint format unit bench faults clean sysdeps screenshots stress-test
+.PHONY: all demo test lint format unit docs config-reference bench faults clean sysdeps screenshots stress-test
 
 # System packages the tests drive for real: headless Chromium (the console's browser tests)
 # and Prometheus (the dashboard's series check). Installed only when missing (needs root).
@@ -48,7 +48,18 @@ TEST_WORKERS ?= 2
 unit: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
-test: lint unit
+# The documentation site (mkdocs.yml, docs/): --strict makes every warning an error, so a
+# broken link or a page missing from the navigation fails `make test`.
+SITE := .site
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(SITE)
+
+# docs/configuration.md is generated from the pydantic models (src/ballast/config.py);
+# tests/test_config_reference.py fails until it is regenerated after a change.
+config-reference: $(STAMP)
+	$(BIN)/python -m ballast.config_reference > docs/configuration.md
+
+test: lint docs unit
 
 # The whole suite STRESS_RUNS times (default 5) on two workers beside a CPU hog: a test
 # that races instead of waiting on its event fails here before it fails in CI. JSON on
@@ -76,4 +87,4 @@ bench: $(STAMP)
 	done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
+	rm -rf $(VENV) $(SITE) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info

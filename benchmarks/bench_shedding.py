@@ -102,7 +102,7 @@ def main() -> None:
         stats["brokers_shedding"] = len({u.broker for u in out.unloads})
         results[name] = stats
     # No rate limit (Pulsar has none; Ballast's max_moves_per_hour applies to shedders):
-    # every shed unit gets its target, as in the figures the README reports.
+    # every shed unit gets its target, as in the figures docs/benchmarks.md reports.
     rules = RebalancingConfig(
         enabled=True, policy=RebalancingPolicy.THRESHOLD, max_moves_per_hour=10**9
     )

@@ -33,7 +33,8 @@ class Aggressiveness(StrEnum):
     AGGRESSIVE = "aggressive"
 
 
-# The reference document's table: CV threshold, check interval, max moves per hour.
+# Danube's aggressiveness table (docs/design/danube-load-manager.md): CV threshold, check
+# interval, max moves per hour.
 PRESETS: dict[Aggressiveness, dict[str, float | int]] = {
     Aggressiveness.CONSERVATIVE: {
         "cv_threshold": 0.40,
@@ -97,33 +98,85 @@ class _Strict(BaseModel):
 class RebalancingConfig(_Strict):
     """`load_manager.rebalancing`: when and how fast the leader moves topics."""
 
-    enabled: bool = False
-    aggressiveness: AggressivenessField = Aggressiveness.BALANCED
-    cv_threshold: float = Field(0.30, gt=0, le=10)
-    check_interval_seconds: float = Field(300, gt=0)
-    max_moves_per_hour: int = Field(10, ge=0)
-    cooldown_seconds: float = Field(60, ge=0)
-    min_brokers_for_rebalance: int = Field(2, ge=2)
-    min_topic_age_seconds: float = Field(300, ge=0)
-    blacklist_topics: tuple[str, ...] = ()
-    # Ballast addition: an episode, once started, goes on until CV falls below this.
-    target_cv: float = Field(0.10, ge=0, le=10)
-    # Pulsar (issue 12): `danube` (the CV rule above) or one of Pulsar's shedders, whose
-    # settings are `load_manager.pulsar`.
-    policy: PolicyField = RebalancingPolicy.DANUBE
-    # Ballast additions against noise and stuck moves (README "Rebalancing"):
-    # - a source that has not sealed a moving topic after this many seconds is overruled:
-    #   the leader proceeds and records the move as forced (the storage engine's fenced
-    #   claim makes a late seal harmless);
-    seal_timeout_seconds: float = Field(30, gt=0)
-    # - a topic never moves back to the broker it left within this window;
-    return_window_seconds: float = Field(3600, ge=0)
-    # - no move while the spread of the active brokers' scores (max - min) is below this
-    #   absolute floor (score units: topics for fair, points for balanced/weighted_load);
-    min_imbalance: float = Field(2.0, ge=0)
-    # - resource readings (cpu, memory, disk, network) are smoothed by an exponentially
-    #   weighted average seeded with the first sample: u = w * u_prev + (1 - w) * sample.
-    smoothing_weight: float = Field(0.9, ge=0, lt=1)
+    enabled: bool = Field(False, description="Whether the leader moves topics at all.")
+    aggressiveness: AggressivenessField = Field(
+        Aggressiveness.BALANCED,
+        description="Preset for `cv_threshold`, `check_interval_seconds` and "
+        "`max_moves_per_hour`; a value set explicitly overrides the preset.",
+    )
+    cv_threshold: float = Field(
+        0.30,
+        gt=0,
+        le=10,
+        description="An episode of moves starts when the coefficient of variation of the "
+        "brokers' scores exceeds this (default from `aggressiveness`).",
+    )
+    check_interval_seconds: float = Field(
+        300,
+        gt=0,
+        description="How often the leader checks the balance (default from `aggressiveness`).",
+    )
+    max_moves_per_hour: int = Field(
+        10,
+        ge=0,
+        description="Moves allowed in any hour, counted from the persisted move history "
+        "(default from `aggressiveness`).",
+    )
+    cooldown_seconds: float = Field(
+        60,
+        ge=0,
+        description="No move this soon after the previous one, and a topic moved within it "
+        "does not move again.",
+    )
+    min_brokers_for_rebalance: int = Field(
+        2, ge=2, description="No rebalancing with fewer active brokers than this."
+    )
+    min_topic_age_seconds: float = Field(
+        300, ge=0, description="A topic younger than this (from its creation) never moves."
+    )
+    blacklist_topics: tuple[str, ...] = Field(
+        (),
+        description='Globs of topics that never move, e.g. `"/system/*"`, `"/default/critical-*"`.',
+    )
+    target_cv: float = Field(
+        0.10,
+        ge=0,
+        le=10,
+        description="Ballast: an episode, once started, goes on until the CV falls below "
+        "this; must not exceed `cv_threshold`.",
+    )
+    policy: PolicyField = Field(
+        RebalancingPolicy.DANUBE,
+        description="Who decides the moves: `danube` (the CV rule) or one of Pulsar's "
+        "shedders, whose settings are `load_manager.pulsar`.",
+    )
+    # Ballast's additions against noise and stuck moves (the balancing rules page).
+    seal_timeout_seconds: float = Field(
+        30,
+        gt=0,
+        description="Ballast: a source that has not sealed a moving topic this long after "
+        "the leader first saw the marker is overruled and the move recorded as forced (the "
+        "new owner's fenced claim makes a late seal harmless).",
+    )
+    return_window_seconds: float = Field(
+        3600,
+        ge=0,
+        description="Ballast: a topic never moves back to the broker it left within this window.",
+    )
+    min_imbalance: float = Field(
+        2.0,
+        ge=0,
+        description="Ballast: no move while the spread (max - min) of the active brokers' "
+        "scores is below this (score units: topics for fair, points for balanced and "
+        "weighted_load).",
+    )
+    smoothing_weight: float = Field(
+        0.9,
+        ge=0,
+        lt=1,
+        description="Ballast: weight w of the moving average of CPU, memory, disk and "
+        "network readings, seeded with the first sample: u = w * u_prev + (1 - w) * sample.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -152,43 +205,129 @@ class PulsarConfig(_Strict):
     Pulsar 4.0 documentation (names in snake_case, percentages as Pulsar writes them)."""
 
     # Namespace bundles and splitting.
-    default_number_of_namespace_bundles: int = Field(4, ge=1, le=1 << 16)
-    auto_bundle_split_enabled: bool = True
-    auto_unload_split_bundles_enabled: bool = True
-    default_namespace_bundle_split_algorithm: SplitAlgorithmField = (
-        SplitAlgorithm.RANGE_EQUALLY_DIVIDE
+    default_number_of_namespace_bundles: int = Field(
+        4, ge=1, le=1 << 16, description="Bundles of a namespace that has no stored layout."
     )
-    namespace_bundle_max_topics: int = Field(1000, ge=1)
-    namespace_bundle_max_sessions: int = Field(1000, ge=0)  # 0 disables the session rule
-    namespace_bundle_max_msg_rate: float = Field(30_000, gt=0)
-    namespace_bundle_max_bandwidth_mbytes: float = Field(100, gt=0)
-    namespace_maximum_bundles: int = Field(128, ge=1, le=1 << 16)
-    flow_or_qps_difference_threshold_percentage: float = Field(10, ge=0)
+    auto_bundle_split_enabled: bool = Field(
+        True,
+        description="With `placement_unit: bundle`, each check first splits the bundles "
+        "over a `namespace_bundle_max_*` threshold.",
+    )
+    auto_unload_split_bundles_enabled: bool = Field(
+        True,
+        description="After an automatic split, unload the split bundles' topics so the new "
+        "bundles place them.",
+    )
+    default_namespace_bundle_split_algorithm: SplitAlgorithmField = Field(
+        SplitAlgorithm.RANGE_EQUALLY_DIVIDE,
+        description="How an automatic split cuts a bundle (`specified_positions_divide` is "
+        "admin-only and refused here).",
+    )
+    namespace_bundle_max_topics: int = Field(
+        1000, ge=1, description="Split threshold: topics in one bundle."
+    )
+    namespace_bundle_max_sessions: int = Field(
+        1000,
+        ge=0,
+        description="Split threshold: producers plus consumers of one bundle (0 disables "
+        "the rule).",
+    )
+    namespace_bundle_max_msg_rate: float = Field(
+        30_000, gt=0, description="Split threshold: messages per second in plus out."
+    )
+    namespace_bundle_max_bandwidth_mbytes: float = Field(
+        100, gt=0, description="Split threshold: MB/s in plus out."
+    )
+    namespace_maximum_bundles: int = Field(
+        128, ge=1, le=1 << 16, description="No automatic split beyond this many bundles."
+    )
+    flow_or_qps_difference_threshold_percentage: float = Field(
+        10,
+        ge=0,
+        description="`flow_or_qps_equally_divide`: tolerated difference between halves, in %.",
+    )
     # Shedding.
-    shedding_enabled: bool = True
-    shedding_grace_period_minutes: float = Field(30, ge=0)
-    broker_threshold_shedder_percentage: float = Field(10, ge=0, le=100)
-    broker_overloaded_threshold_percentage: float = Field(85, gt=0, le=100)
-    bundle_unload_min_throughput_threshold: float = Field(10, ge=0)  # MB/s
-    lower_boundary_shedding_enabled: bool = False
-    history_resource_percentage: Fraction = 0.9
-    msg_rate_difference_shedder_threshold: float = Field(50, ge=0)  # %, 0 disables
-    msg_throughput_multiplier_difference_shedder_threshold: float = Field(4, ge=0)  # ×, 0 off
-    max_unload_percentage: Fraction = 0.2
-    min_unload_message: float = Field(1000, ge=0)  # msg/s
-    min_unload_message_throughput: float = Field(1024 * 1024, ge=0)  # bytes/s
-    max_unload_bundle_num_per_shedding: int = Field(-1, ge=-1)  # -1: no limit
+    shedding_enabled: bool = Field(True, description="Whether a Pulsar shedder runs at all.")
+    shedding_grace_period_minutes: float = Field(
+        30,
+        ge=0,
+        description="A unit moved within this many minutes (from the persisted history) is "
+        "not shed again.",
+    )
+    broker_threshold_shedder_percentage: float = Field(
+        10,
+        ge=0,
+        le=100,
+        description="ThresholdShedder: shed from brokers this many points above the average usage.",
+    )
+    broker_overloaded_threshold_percentage: float = Field(
+        85,
+        gt=0,
+        le=100,
+        description="OverloadShedder and placement: a broker above this usage % is overloaded.",
+    )
+    bundle_unload_min_throughput_threshold: float = Field(
+        10, ge=0, description="ThresholdShedder: no shedding below this throughput, in MB/s."
+    )
+    lower_boundary_shedding_enabled: bool = Field(
+        False,
+        description="ThresholdShedder: also shed towards brokers far below the average.",
+    )
+    history_resource_percentage: Fraction = Field(
+        0.9, description="Weight of the previous smoothed usage in ThresholdShedder's average."
+    )
+    msg_rate_difference_shedder_threshold: float = Field(
+        50,
+        ge=0,
+        description="UniformLoadShedder: message-rate difference between brokers, in % "
+        "(0 disables).",
+    )
+    msg_throughput_multiplier_difference_shedder_threshold: float = Field(
+        4,
+        ge=0,
+        description="UniformLoadShedder: throughput ratio between brokers (0 disables).",
+    )
+    max_unload_percentage: Fraction = Field(
+        0.2, description="UniformLoadShedder: share of the difference moved per decision."
+    )
+    min_unload_message: float = Field(
+        1000, ge=0, description="UniformLoadShedder: no shedding below this msg/s difference."
+    )
+    min_unload_message_throughput: float = Field(
+        1024 * 1024,
+        ge=0,
+        description="UniformLoadShedder: no shedding below this bytes/s difference.",
+    )
+    max_unload_bundle_num_per_shedding: int = Field(
+        -1, ge=-1, description="Units one decision may shed (-1: no limit)."
+    )
     # Resource weights (ThresholdShedder and LeastResourceUsageWithWeight).
-    cpu_resource_weight: Fraction = 1.0
-    memory_resource_weight: Fraction = 1.0
-    direct_memory_resource_weight: Fraction = 1.0
-    bandwith_in_resource_weight: Fraction = 1.0
-    bandwith_out_resource_weight: Fraction = 1.0
+    cpu_resource_weight: Fraction = Field(1.0, description="Weight of CPU usage.")
+    memory_resource_weight: Fraction = Field(1.0, description="Weight of memory usage.")
+    direct_memory_resource_weight: Fraction = Field(
+        1.0, description="Weight of direct memory usage (Ballast reports 0)."
+    )
+    bandwith_in_resource_weight: Fraction = Field(
+        1.0, description="Weight of inbound bandwidth usage (Pulsar's spelling)."
+    )
+    bandwith_out_resource_weight: Fraction = Field(
+        1.0, description="Weight of outbound bandwidth usage (Pulsar's spelling)."
+    )
     # Placement (LeastResourceUsageWithWeight).
-    average_resource_usage_difference_threshold_percentage: float = Field(10, ge=0, le=100)
-    # Ballast reports one network rate per broker; its capacity for bandwidth usage
-    # (Pulsar reads the NIC speed, or `loadBalancerOverrideBrokerNicSpeedGbps`).
-    nic_speed_gbps: float = Field(1.0, gt=0)
+    average_resource_usage_difference_threshold_percentage: float = Field(
+        10,
+        ge=0,
+        le=100,
+        description="LeastResourceUsageWithWeight: candidates are the brokers this many "
+        "points below the average weighted usage.",
+    )
+    nic_speed_gbps: float = Field(
+        1.0,
+        gt=0,
+        description="Ballast reports one network rate per broker; its bandwidth usage is "
+        "measured against this capacity (Pulsar reads the NIC speed, or "
+        "`loadBalancerOverrideBrokerNicSpeedGbps`).",
+    )
 
     @model_validator(mode="after")
     def _auto_split_algorithm(self) -> PulsarConfig:
@@ -207,39 +346,68 @@ class PulsarConfig(_Strict):
 class LoadManagerConfig(_Strict):
     """`load_manager`: the section of Danube's `danube_broker.yml`, same defaults."""
 
-    load_report_interval_seconds: float = Field(30, gt=0)
-    assignment_strategy: StrategyField = Strategy.BALANCED
-    rebalancing: RebalancingConfig = RebalancingConfig()
-    # Pulsar (issue 12): place and move single topics (Danube) or whole namespace bundles.
-    placement_unit: PlacementUnitField = PlacementUnit.TOPIC
-    pulsar: PulsarConfig = PulsarConfig()
+    load_report_interval_seconds: float = Field(
+        30, gt=0, description="How often each broker reports its load."
+    )
+    assignment_strategy: StrategyField = Field(
+        Strategy.BALANCED,
+        description="How brokers are scored for placement: Danube's three rankings or "
+        "Pulsar's two strategies.",
+    )
+    rebalancing: RebalancingConfig = Field(
+        RebalancingConfig(), description="When and how fast the leader moves topics."
+    )
+    placement_unit: PlacementUnitField = Field(
+        PlacementUnit.TOPIC,
+        description="What the leader places and moves: single topics (Danube) or whole "
+        "namespace bundles (Pulsar).",
+    )
+    pulsar: PulsarConfig = Field(PulsarConfig(), description="Pulsar's `loadBalancer*` settings.")
 
 
 class BrokerConfig(_Strict):
     """`broker`: how one broker process identifies and exposes itself."""
 
-    id: str | None = None
-    broker_url: str = "127.0.0.1:6650"
-    admin_url: str = "127.0.0.1:50051"
-    rack: str | None = None
-    domain: str | None = None
-    registration_ttl_seconds: float = Field(32, gt=0)
-    leader_ttl_seconds: float = Field(14, gt=0)
+    id: str | None = Field(None, description="The broker's id (`--id` overrides it).")
+    broker_url: str = Field(
+        "127.0.0.1:6650",
+        description="HOST:PORT where the broker serves clients (port 0: a free one).",
+    )
+    admin_url: str = Field("127.0.0.1:50051", description="Registered for operators' tools.")
+    rack: str | None = Field(None, description="The broker's rack, registered with it.")
+    domain: str | None = Field(
+        None, description="The broker's failure domain (anti-affinity placement)."
+    )
+    registration_ttl_seconds: float = Field(
+        32,
+        gt=0,
+        description="TTL of the registration lease: a broker silent this long is dead and "
+        "its topics fail over.",
+    )
+    leader_ttl_seconds: float = Field(14, gt=0, description="TTL of the leader key's lease.")
 
 
 class MetricsConfig(_Strict):
     """`metrics`: the Prometheus endpoint."""
 
-    enabled: bool = True
-    host: str = "127.0.0.1"
-    port: int = Field(9040, ge=0, le=65535)
+    enabled: bool = Field(True, description="Whether the broker serves Prometheus metrics.")
+    host: str = Field("127.0.0.1", description="Address the metrics endpoint binds.")
+    port: int = Field(
+        9040,
+        ge=0,
+        le=65535,
+        description="Port of the metrics endpoint (0: none registered, left out of discovery).",
+    )
 
 
 class HistoryConfig(_Strict):
     """`history`: where the leader appends every load report for the data pipeline."""
 
-    enabled: bool = True
-    directory: str = "./load-history"
+    enabled: bool = Field(True, description="Whether the leader writes the load history.")
+    directory: str = Field(
+        "./load-history",
+        description="Where JSON lines go, as `date=YYYY-MM-DD/hour=HH/` (the pipeline's input).",
+    )
 
 
 # -- the data plane: the client protocol and reliable-topic storage -------------------------
@@ -250,41 +418,94 @@ MiB = 1024 * 1024
 class DataPlaneConfig(_Strict):
     """`data_plane`: the client-facing gRPC services a broker serves on `broker.broker_url`."""
 
-    enabled: bool = True
-    # Payload + attributes + routing key of one message. Below the client's 4 MiB receive
-    # limit, with room for the delivered message's other fields: all that is stored is
-    # deliverable (see `wire.limits`).
-    max_message_bytes: int = Field(4 * MiB - 64 * 1024, gt=0, le=4 * MiB - 64 * 1024)
-    # gRPC refuses larger requests (RESOURCE_EXHAUSTED) before parsing them; between
-    # `max_message_bytes` and this, the answer is a clear INVALID_ARGUMENT.
-    max_request_bytes: int = Field(8 * MiB, ge=4 * MiB, le=64 * MiB)
-    # Calls in progress at once (open consumer streams included); more: RESOURCE_EXHAUSTED.
-    max_concurrent_rpcs: int = Field(10_000, gt=0)
-    # Gateways' batched sends and acks arrive on this TCP port of the broker_url's host
-    # (0: a free one; TLS as the gRPC port; each send still checked with its own token);
-    # null: none, gateways then use a stream on the gRPC port (more CPU per message).
-    link_port: int | None = Field(0, ge=0, le=65535)
-    unacked_window: int = Field(1000, gt=0)  # delivered, not yet acked, per consumer
-    # Bytes of messages held until stored (reliable: until in object storage), per topic
-    # and per broker; a send over either is refused with RESOURCE_EXHAUSTED (the client
-    # backs off and retries).
-    topic_budget_bytes: int = Field(64 * MiB, gt=0)
-    broker_budget_bytes: int = Field(512 * MiB, gt=0)
-    # Bytes read ahead for one subscription: a slow (non-reliable) subscription drops its
-    # oldest, a reliable one stops reading until its consumers catch up.
-    subscription_buffer_bytes: int = Field(16 * MiB, gt=0)
-    # A subscription without consumers this long is removed with its cursor (0: never).
-    subscription_expiry_seconds: float = Field(0.0, ge=0)
-    lookup_wait_seconds: float = Field(3.0, ge=0)  # a lookup waits this long for an owner
-    close_handshake_seconds: float = Field(6.0, gt=0)  # a moving consumer's stream lives on
-    relay_moving_consumers: bool = True  # feed that stream from the new owner meanwhile
-    non_reliable_queue: int = Field(10_000, gt=0)  # per subscription; older messages drop
-    auto_create_topics: bool = True
-    # Nack: a message delivered this many times (0: no limit) goes to the dead-letter topic
-    # `/{ns}/{topic}{dead_letter_suffix}` (a namespace's `/policies/dead_letter/{ns}`
-    # record overrides both), carrying its original offset and the nack reason.
-    max_deliveries: int = Field(0, ge=0)
-    dead_letter_suffix: str = Field("-DLQ", pattern=r"^[A-Za-z0-9_.\-]{1,32}$")
+    enabled: bool = Field(True, description="Whether the broker serves clients at all.")
+    # The bound keeps every stored message deliverable (see `wire.limits`).
+    max_message_bytes: int = Field(
+        4 * MiB - 64 * 1024,
+        gt=0,
+        le=4 * MiB - 64 * 1024,
+        description="Payload + attributes + routing key of one message; kept below the "
+        "client's 4 MiB receive limit, with room for the delivered message's other fields, "
+        "so all that is stored is deliverable.",
+    )
+    max_request_bytes: int = Field(
+        8 * MiB,
+        ge=4 * MiB,
+        le=64 * MiB,
+        description="Larger requests are refused (RESOURCE_EXHAUSTED) before parsing; "
+        "between `max_message_bytes` and this the answer is INVALID_ARGUMENT.",
+    )
+    max_concurrent_rpcs: int = Field(
+        10_000,
+        gt=0,
+        description="Calls in progress at once, open consumer streams included; more get "
+        "RESOURCE_EXHAUSTED.",
+    )
+    link_port: int | None = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="TCP port (on the `broker_url` host) for gateways' batched sends and "
+        "acks: 0 a free one, null none (gateways then use a stream on the gRPC port, more "
+        "CPU per message). TLS as the gRPC port; each send still checked with its own token.",
+    )
+    unacked_window: int = Field(
+        1000, gt=0, description="Messages delivered and not yet acked, per consumer."
+    )
+    topic_budget_bytes: int = Field(
+        64 * MiB,
+        gt=0,
+        description="Bytes of messages held until stored (reliable: until in object "
+        "storage) per topic; a send over it gets RESOURCE_EXHAUSTED and the client retries.",
+    )
+    broker_budget_bytes: int = Field(
+        512 * MiB, gt=0, description="The same budget for the whole broker."
+    )
+    subscription_buffer_bytes: int = Field(
+        16 * MiB,
+        gt=0,
+        description="Read-ahead of one subscription: past it a non-reliable subscription "
+        "drops its oldest, a reliable one stops reading until its consumers catch up.",
+    )
+    subscription_expiry_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="A subscription without consumers this long is removed with its cursor "
+        "(0: never).",
+    )
+    lookup_wait_seconds: float = Field(
+        3.0, ge=0, description="A lookup of a topic between owners waits this long."
+    )
+    close_handshake_seconds: float = Field(
+        6.0,
+        gt=0,
+        description="How long a moving consumer's stream is kept open for the close handshake.",
+    )
+    relay_moving_consumers: bool = Field(
+        True, description="Meanwhile, feed that stream from the new owner."
+    )
+    non_reliable_queue: int = Field(
+        10_000,
+        gt=0,
+        description="Messages queued per non-reliable subscription; older ones drop.",
+    )
+    auto_create_topics: bool = Field(
+        True,
+        description="A producer's first CreateProducer creates the topic (a namespace quota "
+        "can override it).",
+    )
+    max_deliveries: int = Field(
+        0,
+        ge=0,
+        description="A message nacked until delivered this many times goes to the "
+        "dead-letter topic, with its original offset and the nack reason (0: no limit; "
+        "`/policies/dead_letter/{ns}` overrides).",
+    )
+    dead_letter_suffix: str = Field(
+        "-DLQ",
+        pattern=r"^[A-Za-z0-9_.\-]{1,32}$",
+        description="The dead-letter topic is `/{ns}/{topic}{dead_letter_suffix}`.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -303,33 +524,68 @@ class DataPlaneConfig(_Strict):
 class StorageSettings(_Strict):
     """`storage`: where reliable topics keep their WAL (local) and objects (shared)."""
 
-    data_dir: str = "./ballast-data"  # the WAL goes to {data_dir}/wal/{broker_id}
-    object_store: str = ""  # a directory or s3://bucket/prefix; default {data_dir}/objects
-    # fsspec options, e.g. {key, secret, client_kwargs: {endpoint_url: ...}} for s3.
-    object_store_options: dict[str, Any] = Field(default_factory=dict)
-    # When a reliable topic acknowledges a send: "durable" once it is committed to the
-    # object store (survives the loss of the host), "local" once it is in the local WAL
-    # (faster; loses the not yet uploaded tail with the host, see the README).
-    ack: str = Field("durable", pattern="^(durable|local)$")
-    # With ack "durable" the WAL is a buffer and read cache, so fsyncing it protects nothing
-    # acknowledged; with "local" it is the only copy until the upload: "batch" survives a
-    # power loss, "never" only a process crash.
-    fsync_policy: str = Field("never", pattern="^(batch|interval|never)$")
-    # How long a busy topic gathers sends into one object before writing it (the latency a
-    # send pays at most for batching), and the largest object.
-    commit_linger_seconds: float = Field(0.003, ge=0, le=1.0)
-    max_object_bytes: int = Field(16 * MiB, ge=64 * 1024)
-    # Object writes per second of the whole broker, across its topics (object stores bill
-    # and throttle per request): beyond it objects get fuller, not more numerous.
-    max_object_writes_per_second: float = Field(500.0, gt=0)
-    upload_interval_seconds: float = Field(30.0, gt=0)
-    cursor_flush_seconds: float = Field(5.0, gt=0)
-    # Each reliable topic's WAL read cache, in bytes (payload + key; 8-16 k records at most).
-    wal_cache_bytes: int = Field(32 * MiB, gt=0)
-    # An object several topics share that none of them refers to any more (its parts merged
-    # or released after a move or a restart) is deleted by its writer's sweep this long
-    # after it was written (the sweep runs every quarter of it).
-    shared_object_grace_seconds: float = Field(3600.0, ge=60.0)
+    data_dir: str = Field(
+        "./ballast-data", description="Local data; the WAL goes to `{data_dir}/wal/{broker_id}`."
+    )
+    object_store: str = Field(
+        "",
+        description="A directory or `s3://bucket/prefix`, the same for every broker "
+        "(empty: `{data_dir}/objects`).",
+    )
+    object_store_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="fsspec options, e.g. `{key, secret, client_kwargs: {endpoint_url: ...}}` "
+        "for s3.",
+    )
+    ack: str = Field(
+        "durable",
+        pattern="^(durable|local)$",
+        description="When a reliable topic acknowledges a send: `durable` once committed to "
+        "the object store (survives the loss of the host), `local` once in the local WAL "
+        "(faster; loses the not yet uploaded tail with the host).",
+    )
+    fsync_policy: str = Field(
+        "never",
+        pattern="^(batch|interval|never)$",
+        description="WAL fsyncs. With `ack: durable` the WAL is a buffer and read cache and "
+        "fsyncing protects nothing acknowledged; with `local` it is the only copy until the "
+        "upload: `batch` survives a power loss, `never` only a process crash.",
+    )
+    commit_linger_seconds: float = Field(
+        0.003,
+        ge=0,
+        le=1.0,
+        description="How long a topic with concurrent senders gathers sends into one object "
+        "(the most a send waits for batching).",
+    )
+    max_object_bytes: int = Field(16 * MiB, ge=64 * 1024, description="The largest object.")
+    max_object_writes_per_second: float = Field(
+        500.0,
+        gt=0,
+        description="Object writes per second of the whole broker, all topics together "
+        "(object stores bill and throttle per request): beyond it objects get fuller, not "
+        "more numerous.",
+    )
+    upload_interval_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="How often small committed objects are merged and retention is applied.",
+    )
+    cursor_flush_seconds: float = Field(
+        5.0, gt=0, description="How often subscription cursors are written."
+    )
+    wal_cache_bytes: int = Field(
+        32 * MiB,
+        gt=0,
+        description="Each reliable topic's WAL read cache (payload + key; 8-16 k records at most).",
+    )
+    shared_object_grace_seconds: float = Field(
+        3600.0,
+        ge=60.0,
+        description="An object shared by several topics that none refers to any more is "
+        "deleted by its writer's sweep this long after it was written (the sweep runs every "
+        "quarter of it).",
+    )
 
     def object_store_url(self) -> str:
         """The object store URL (the default shares `data_dir` between local brokers)."""
@@ -347,11 +603,16 @@ class TlsSettings(_Strict):
     the client certificate) to dial brokers that serve TLS.
     """
 
-    enabled: bool = False
-    cert_file: str | None = None
-    key_file: str | None = None
-    ca_file: str | None = None
-    require_client_cert: bool = False
+    enabled: bool = Field(False, description="Serve TLS (needs `cert_file` and `key_file`).")
+    cert_file: str | None = Field(None, description="The server certificate (PEM).")
+    key_file: str | None = Field(None, description="Its private key (PEM).")
+    ca_file: str | None = Field(
+        None,
+        description="CA that verifies client certificates; a gateway trusts brokers by it.",
+    )
+    require_client_cert: bool = Field(
+        False, description="mTLS: refuse clients without a certificate (needs `ca_file`)."
+    )
 
     @model_validator(mode="after")
     def _files_given(self) -> TlsSettings:
@@ -369,17 +630,28 @@ class AuthSettings(_Strict):
     and issues with `private_key_file`. ``mode: none`` lets every request through.
     """
 
-    mode: str = Field("none", pattern="^(none|jwt)$")
-    algorithm: str = Field("HS256", pattern="^(HS256|RS256)$")
-    secret: str | None = None
-    secret_file: str | None = None
-    public_key_file: str | None = None
-    private_key_file: str | None = None
-    issuer: str = "ballast"
-    # The token brokers present to each other (relay, dead letters). Without it a broker
-    # signs its own with the key above; a broker that only verifies (RS256 with
-    # public_key_file alone) needs one with admin on "*".
-    cluster_token_file: str | None = None
+    mode: str = Field(
+        "none",
+        pattern="^(none|jwt)$",
+        description="`jwt`: every call needs a bearer token with the permission; `none` lets "
+        "every request through.",
+    )
+    algorithm: str = Field(
+        "HS256", pattern="^(HS256|RS256)$", description="The tokens' signature algorithm."
+    )
+    secret: str | None = Field(None, description="HS256: the shared secret.")
+    secret_file: str | None = Field(None, description="HS256: a file holding the secret.")
+    public_key_file: str | None = Field(None, description="RS256: the key that verifies.")
+    private_key_file: str | None = Field(
+        None, description="RS256: the key that signs (to issue tokens)."
+    )
+    issuer: str = Field("ballast", description="The `iss` claim issued and required.")
+    cluster_token_file: str | None = Field(
+        None,
+        description="The token brokers present to each other (relay, dead letters). Without "
+        "it a broker signs its own; a broker that only verifies (RS256 with "
+        '`public_key_file` alone) needs one with `admin` on `"*"`.',
+    )
 
     @model_validator(mode="after")
     def _keys_given(self) -> AuthSettings:
@@ -395,24 +667,49 @@ class AuthSettings(_Strict):
 class GatewaySettings(_Strict):
     """`gateway`: the stateless front door clients use as their `service_url`."""
 
-    listen: str = "127.0.0.1:6600"
-    advertise: str | None = None  # what lookups name as connect_url (default: the bound address)
-    # A lookup waits this long for a live owner (a dead owner is replaced once its
-    # registration lease expires: keep it above broker.registration_ttl_seconds).
-    lookup_wait_seconds: float = Field(45.0, ge=0)
-    forward_timeout_seconds: float = Field(30.0, gt=0)  # a forwarded unary call's deadline
-    # A consumer stream whose broker vanished is held open until the health check has
-    # answered CLOSE (at most this long), so the client re-subscribes without a reopen spin.
-    close_hold_seconds: float = Field(12.0, gt=0)
-    # While a topic moves or its owner is replaced, sends wait in the gateway (at most
-    # this many, of at most this many payload bytes in all; beyond, UNAVAILABLE as before).
-    held_sends_max: int = Field(10_000, ge=0)
-    held_bytes_max: int = Field(64 * 1024 * 1024, ge=0)
-    # Sends to a broker go batched on one stream (off: one unary call per send, as a
-    # plain proxy would; costs the gateway and the broker more CPU per message).
-    batch_sends: bool = True
-    # Prometheus series (ballast_gateway_*) on this port of the listen host; 0: none.
-    metrics_port: int = Field(0, ge=0, le=65535)
+    listen: str = Field("127.0.0.1:6600", description="HOST:PORT the gateway serves clients on.")
+    advertise: str | None = Field(
+        None,
+        description="What lookups name as `connect_url` (default: the bound address); with "
+        "several gateways, their shared address.",
+    )
+    lookup_wait_seconds: float = Field(
+        45.0,
+        ge=0,
+        description="A lookup (or a held call) waits this long for a live owner; keep it "
+        "above `broker.registration_ttl_seconds`, after which a dead owner is replaced.",
+    )
+    forward_timeout_seconds: float = Field(
+        30.0, gt=0, description="A forwarded unary call's deadline."
+    )
+    close_hold_seconds: float = Field(
+        12.0,
+        gt=0,
+        description="A consumer stream whose broker vanished is held open until the health "
+        "check has answered CLOSE (at most this long), so the client re-subscribes without "
+        "a reopen spin.",
+    )
+    held_sends_max: int = Field(
+        10_000,
+        ge=0,
+        description="Sends held in the gateway while a topic moves or its owner is replaced; "
+        "beyond, UNAVAILABLE.",
+    )
+    held_bytes_max: int = Field(
+        64 * 1024 * 1024, ge=0, description="Payload bytes of those held sends, in all."
+    )
+    batch_sends: bool = Field(
+        True,
+        description="Sends and acks to a broker travel batched on one link (off: one unary "
+        "call per send, more CPU per message in the gateway and the broker).",
+    )
+    metrics_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="Prometheus series (`ballast_gateway_*`) on this port of the listen "
+        "host; 0: none.",
+    )
 
 
 class WireSettings(_Strict):
@@ -420,33 +717,73 @@ class WireSettings(_Strict):
     `broker_url`). Each limit protects the process from one known HTTP/2 abuse; what it
     refuses is counted (`ballast_wire_events`)."""
 
-    # Calls open at once on one connection (SETTINGS_MAX_CONCURRENT_STREAMS; each consumer
-    # holds one); more are refused with REFUSED_STREAM.
-    max_concurrent_streams: int = Field(4096, gt=0, le=2**31 - 1)
-    # Streams a client may reset per second on one connection (and as many at once);
-    # beyond, GOAWAY with ENHANCE_YOUR_CALM (rapid reset, CVE-2023-44487).
-    max_resets_per_second: int = Field(200, gt=0)
-    # Entries of one SETTINGS frame, and SETTINGS frames per connection per second;
-    # beyond either, GOAWAY with ENHANCE_YOUR_CALM.
-    max_settings_entries: int = Field(32, gt=0, le=4096)
-    max_settings_per_second: int = Field(20, gt=0)
-    # Bytes written and not yet taken by a client: above `high`, the connection is not
-    # read (a client that never reads cannot make answers pile up); above `max`, closed.
-    write_buffer_high_bytes: int = Field(1024 * 1024, ge=16 * 1024)
-    write_buffer_max_bytes: int = Field(64 * MiB, ge=64 * 1024)
-    # Bytes of unfinished requests held across ALL connections of the port: flow-control
-    # credit is given only while there is room, and a request past it is refused
-    # (RESOURCE_EXHAUSTED).
-    request_budget_bytes: int = Field(256 * MiB, ge=MiB)
-    # Connections open at once, in all and from one peer address; more are closed at once.
-    max_connections: int = Field(10_000, gt=0)
-    max_connections_per_peer: int = Field(2_000, gt=0)
-    # A connection that has sent no whole request this long after it opened is closed
-    # (slowloris); one without calls this long is sent GOAWAY and closed (0: never).
-    handshake_timeout_seconds: float = Field(10.0, gt=0)
-    idle_timeout_seconds: float = Field(600.0, ge=0)
-    # Bytes of one request's decoded header list (SETTINGS_MAX_HEADER_LIST_SIZE).
-    max_header_list_bytes: int = Field(64 * 1024, ge=4096, le=16 * MiB)
+    max_concurrent_streams: int = Field(
+        4096,
+        gt=0,
+        le=2**31 - 1,
+        description="Calls open at once on one connection (SETTINGS_MAX_CONCURRENT_STREAMS; "
+        "each consumer holds one); more are refused with REFUSED_STREAM.",
+    )
+    max_resets_per_second: int = Field(
+        200,
+        gt=0,
+        description="Streams a client may reset per second on one connection (and as many "
+        "at once); beyond, GOAWAY ENHANCE_YOUR_CALM (rapid reset, CVE-2023-44487).",
+    )
+    max_settings_entries: int = Field(
+        32,
+        gt=0,
+        le=4096,
+        description="Entries of one SETTINGS frame; beyond, GOAWAY ENHANCE_YOUR_CALM.",
+    )
+    max_settings_per_second: int = Field(
+        20,
+        gt=0,
+        description="SETTINGS frames per connection per second; beyond, GOAWAY ENHANCE_YOUR_CALM.",
+    )
+    write_buffer_high_bytes: int = Field(
+        1024 * 1024,
+        ge=16 * 1024,
+        description="Bytes written and not yet taken by a client above which its connection "
+        "is not read (a client that never reads cannot make answers pile up).",
+    )
+    write_buffer_max_bytes: int = Field(
+        64 * MiB,
+        ge=64 * 1024,
+        description="Above this the connection is closed; must exceed "
+        "`write_buffer_high_bytes` and the largest message a consumer receives.",
+    )
+    request_budget_bytes: int = Field(
+        256 * MiB,
+        ge=MiB,
+        description="Bytes of unfinished requests across all connections of the port: "
+        "flow-control credit is given only while there is room, and a request past it is "
+        "refused (RESOURCE_EXHAUSTED).",
+    )
+    max_connections: int = Field(
+        10_000, gt=0, description="Connections open at once; more are closed at once."
+    )
+    max_connections_per_peer: int = Field(
+        2_000, gt=0, description="Connections open at once from one peer address."
+    )
+    handshake_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="A connection (or TLS handshake) that has sent no whole request this "
+        "long after it opened is closed (slowloris).",
+    )
+    idle_timeout_seconds: float = Field(
+        600.0,
+        ge=0,
+        description="A connection without calls this long is sent GOAWAY and closed (0: never).",
+    )
+    max_header_list_bytes: int = Field(
+        64 * 1024,
+        ge=4096,
+        le=16 * MiB,
+        description="Bytes of one request's decoded header list "
+        "(SETTINGS_MAX_HEADER_LIST_SIZE; HPACK bombs).",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> WireSettings:

@@ -31,7 +31,7 @@ from tests.console.helpers import serving
 from tests.etcd_fixtures import EtcdServer
 
 CHROMIUM = Path("/usr/bin/chromium")
-# `make screenshots` saves the pages under docs/console/ (the README's pictures); a plain
+# `make screenshots` saves the pages under docs/console/ (the console page's pictures); a plain
 # test run keeps the tree clean and saves them in the temporary directory.
 SHOTS = Path(
     os.environ.get("BALLAST_CONSOLE_SCREENSHOTS")

@@ -87,7 +87,7 @@ def test_cv_and_classification_match_the_reference_anchors(spark: SparkSession) 
 
 
 def test_balanced_anchor_scores(spark: SparkSession) -> None:
-    """implementation-notes.md: (cpu, mem, topics) (50,30,10), (20,20,5), (10,10,2) with
+    """docs/design/implementation-notes.md: (cpu, mem, topics) (50,30,10), (20,20,5), (10,10,2) with
     idle topics score 28.6, 14.3 and 7.12."""
     reports = [
         report("broker1", START, cpu=50, mem=30, topics=idle(10)),

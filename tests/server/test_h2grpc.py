@@ -20,6 +20,7 @@ class _Service:
     def __init__(self) -> None:
         self.cancelled = asyncio.Event()
         self.stream_closed = asyncio.Event()
+        self.slow_began = asyncio.Event()
         self.seen_metadata: tuple[Any, ...] = ()
         self.handlers = {
             "/t.S/Echo": grpc.unary_unary_rpc_method_handler(self.echo),
@@ -55,6 +56,7 @@ class _Service:
         return b""
 
     async def slow(self, request: bytes, context: CallContext) -> bytes:
+        self.slow_began.set()
         await asyncio.sleep(0.3)
         return request
 
@@ -156,11 +158,11 @@ async def test_a_long_stream_waits_for_the_clients_windows(served: Any) -> None:
 
 
 async def test_stop_lets_running_calls_finish_within_the_grace(served: Any) -> None:
-    _, server, channel = served
+    service, server, channel = served
     echo = channel.unary_unary("/t.S/Echo")
     assert await echo(b"before") == b"before"
     running = asyncio.ensure_future(channel.unary_unary("/t.S/Slow")(b"running"))
-    await asyncio.sleep(0.1)
+    await service.slow_began.wait()  # the call runs on the server
     await server.stop(2.0)
     assert await running == b"running"
     with pytest.raises(grpc.aio.AioRpcError) as after:

@@ -32,7 +32,7 @@ __all__ = [
     "weighted_load_score",
 ]
 
-# Danube's weights (implementation-notes.md, "Rankings").
+# Danube's weights (docs/design/implementation-notes.md, "Rankings").
 TOPIC_COUNT_W, TOPIC_THROUGHPUT_W, TOPIC_CONNECTIONS_W, TOPIC_BACKLOG_W = 0.2, 0.3, 0.3, 0.2
 BACKLOG_UNIT = 10_000
 BALANCED_TOPIC_W, BALANCED_CPU_W, BALANCED_MEM_W = 0.3, 0.35, 0.35

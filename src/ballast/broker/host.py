@@ -77,7 +77,6 @@ CONSUMER_IDLE_SECONDS = 30.0
 PRODUCER_IDLE_SECONDS = 60.0
 CLOSE_AFTER_HEALTH_SECONDS = 0.5  # lets the client's acks of what it got arrive first
 RELAY_ACK_SECONDS = 3.0
-OPEN_WAIT_SECONDS = 0.05  # `load` returns after this; a slower opening goes on meanwhile
 # A CreateProducer/Subscribe for a topic this broker is opening waits this long for it
 # (a move's opening takes milliseconds) instead of answering UNAVAILABLE at once, which
 # costs a direct client its retry backoff and a gateway a poll.
@@ -207,10 +206,14 @@ class DataPlaneHost:
     async def load(self, topic: str, marker: UnassignedMarker | None) -> None:
         """Start serving `topic` (reliable topics open their storage first).
 
-        The opening runs as a task of its own and `load` waits for it only briefly: the
-        broker hands topics over one at a time, and a broker that inherits many at once
-        (a failover) must open them concurrently. Until a topic is open its clients get
-        UNAVAILABLE (a gateway holds them), as for any topic not served yet.
+        The opening runs as a task of its own and `load` does not wait for it: the broker
+        hands topics over one at a time, and a broker that inherits many at once (a
+        drain's live topics, a failover) must open them side by side. (Waiting 50 ms for
+        each opening serialised them: 32 live topics drained through a gateway paused
+        0.39 s p50 / 0.53 s p99, against 0.30 / 0.36 s without the wait, six paired runs.)
+        Until a topic is open its clients get UNAVAILABLE (a gateway holds them), as for
+        any topic not served yet; CreateProducer and Subscribe wait for an opening here
+        (`serving`).
         """
         self._assigned.add(topic)
         placed = self._placements.pop(topic, None)
@@ -223,7 +226,6 @@ class DataPlaneHost:
         task = self._tasks.spawn(self._open(topic, marker), f"open{topic}")
         self._opening[topic] = task
         task.add_done_callback(lambda done: self._opened(topic, done))
-        await asyncio.wait({task}, timeout=OPEN_WAIT_SECONDS)
 
     async def assigned_here(self, topic: str, timeout: float) -> bool:
         """Whether `topic` is (or within `timeout` seconds becomes) assigned to this broker."""

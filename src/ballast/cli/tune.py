@@ -42,7 +42,7 @@ HELP = "\n\n".join(
         "    rebalancing.cv_threshold: \\[0.2, 0.3, 0.4]\n"
         "    rebalancing.max_moves_per_hour: \\[5, 10, 20]",
         "Brokers appear, drain and disappear as recorded; every topic keeps its recorded "
-        "load wherever a replay puts it (the README says what a replay can and cannot "
+        "load wherever a replay puts it (docs/pipeline.md says what a replay can and cannot "
         "reproduce). --from/--to pick the range.",
         "Writes to OUT: tuning.parquet and tuning.json (per configuration: moves, moved "
         "load, CV p50/p95/max, minutes above the imbalance threshold, broker-minutes "

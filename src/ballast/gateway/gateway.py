@@ -1,8 +1,8 @@
 """The Ballast gateway: a stateless front door that clients use as their `service_url`.
 
 The published 0.5.0 client sends every re-lookup to the last address it used, so when the
-broker that owned its topic dies, the client is stuck on a dead address (protocol
-document §3.4, §4.5). Clients that connect through a gateway never hold a broker's
+broker that owned its topic dies, the client is stuck on a dead address
+(docs/design/client-protocol.md). Clients that connect through a gateway never hold a broker's
 address:
 
 - **TopicLookup** is answered here, from a watch-fed picture of the metadata store, with

@@ -15,7 +15,7 @@ simulator's cost model (`engine.modelled_usage`) explains from the topics it ser
 which follows the topics, and the rest (recorded minus modelled, per report), kept as
 recorded. So with the recorded placement the replayed reports are the recorded ones.
 
-What a replay cannot reproduce (the README says it too): load that depended on placement
+What a replay cannot reproduce (docs/pipeline.md says it too): load that depended on placement
 (a topic's rate throttled by an overloaded broker, consumers that fell behind during a
 move), the recorded cost of serving a topic on a different broker (only the model's),
 the exact moment of the live leader's checks (its phase is unknown: the replay checks

@@ -92,6 +92,10 @@ RETRYABLE: tuple[type[BaseException], ...] = (
 # At most this many descriptors change in one merge or commit (etcd allows 128 operations
 # per transaction).
 _MERGE_MAX = 100
+# While sends wait for their object, a merge takes at most this many objects: each pass
+# of the loop writes what waits, then merges one such group (reads that do not hold the
+# next acknowledgements for long).
+_MERGE_MAX_BUSY = 16
 _COMMIT_BATCH = 100
 _INDEX_CHUNK = 100  # descriptor keys removed per transaction (etcd: 128 operations)
 # An idle topic whose objects retention could release is looked at every this many upload
@@ -563,16 +567,23 @@ class Uploader:
                 while len(self._small) > 1:
                     if not await self._merge():
                         break
+                    if self._wal.committed_offset > self._written:
+                        # Sends wait for their object: write it first, merge on next pass
+                        # (merging every small object a topic brought to its new owner
+                        # held its sends for 0.6 s when 32 moved together).
+                        self._wake.set()
+                        break
 
     async def _merge(self) -> bool:
         """Rewrite the first run of small objects into one; False if nothing was merged."""
+        most = _MERGE_MAX_BUSY if self._wal.committed_offset > self._written else _MERGE_MAX
         group = [self._small[0]]
         size = group[0].size
         for descriptor in self._small[1:]:
             if (
                 descriptor.start != group[-1].end + 1
                 or size + descriptor.size > self._config.max_object_bytes
-                or len(group) >= _MERGE_MAX
+                or len(group) >= most
             ):
                 break
             group.append(descriptor)
