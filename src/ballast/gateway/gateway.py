@@ -5,7 +5,7 @@ broker that owned its topic dies, the client is stuck on a dead address
 (docs/design/client-protocol.md). Clients that connect through a gateway never hold a broker's
 address:
 
-- **TopicLookup** is answered here, from a watch-fed picture of the metadata store, with
+- **TopicLookup** is answered here (`discovery`), from a watch-fed picture of the store, with
   ``proxy = true``, ``connect_url`` = this gateway's advertised address and
   ``broker_url`` = the owner's. While the owner is unreachable (killed, its registration
   lease not yet expired) or the topic waits for a new owner, the lookup waits (up to
@@ -67,20 +67,19 @@ from ballast.gateway.calls import (
     connection_lost,
     split_metadata,
 )
+from ballast.gateway.discovery import Discovery
 from ballast.gateway.metrics import serve_metrics
 from ballast.gateway.reachability import ReachabilityReporter, gateway_id
 from ballast.gateway.routes import OwnerTable, Route
 from ballast.gateway.sessions import HeldBudget, SessionTable
 from ballast.gateway.streams import ConsumerStreams
-from ballast.metadata import MetadataError, MetadataStore
+from ballast.metadata import MetadataStore
 from ballast.metadata.directory import Directory
-from ballast.model import InvalidTopicName, TopicName
 from ballast.wire.address import MAX_RECEIVE_BYTES, split_url
 from ballast.wire.h2grpc import H2GrpcServer, WireLimits
 from ballast.wire.protocol import (
     CLIENT_CONSUMER,
     CLIENT_PRODUCER,
-    CONNECT,
     HEALTH_CLOSE,
     HEALTH_OK,
     pb,
@@ -101,7 +100,6 @@ _CACHE_IDS = 100_000
 # A carried session asks a new owner still opening its topic again after 10 ms (a move's
 # opening is short), backing off to 100 ms (a failover opens many topics at once).
 _LOADING_POLL = (0.01, 0.1)
-_REACH_TIMEOUT = 0.25  # a probe of a dead owner must not hold up noticing its heir
 _SCHEMA_SERVICE = spb.DESCRIPTOR.services_by_name["SchemaRegistry"]
 _SCHEMA_METHODS = tuple(f"/{_SCHEMA_SERVICE.full_name}/{m.name}" for m in _SCHEMA_SERVICE.methods)
 
@@ -135,6 +133,14 @@ class Gateway(Served):
             self._recreate,
             self._count,
         )
+        self.discovery = Discovery(
+            self.table,
+            self.links,
+            self.directory,
+            self.settings,
+            self._count,
+            lambda: self.advertise,
+        )
         self._server: H2GrpcServer | None = None
         self._metrics: WSGIServer | None = None
         self.metrics_url = ""  # host:port of the Prometheus endpoint, when served
@@ -144,12 +150,12 @@ class Gateway(Served):
         self.counts: dict[str, int] = {}
         self._handlers = {
             LOOKUP: grpc.unary_unary_rpc_method_handler(
-                self._lookup,
+                self.discovery.lookup,
                 request_deserializer=pb.TopicLookupRequest.FromString,
                 response_serializer=pb.TopicLookupResponse.SerializeToString,
             ),
             PARTITIONS: grpc.unary_unary_rpc_method_handler(
-                self._partitions,
+                self.discovery.partitions,
                 request_deserializer=pb.TopicLookupRequest.FromString,
                 response_serializer=pb.TopicPartitionsResponse.SerializeToString,
             ),
@@ -347,70 +353,6 @@ class Gateway(Served):
             self._count(f"{method.rsplit('/', 1)[-1]}:{exc.code.name}")
             await context.abort(exc.code, exc.message)
         return reply
-
-    # -- Discovery -------------------------------------------------------------------------
-
-    async def _lookup(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            topic = TopicName.parse(request.topic)
-        except InvalidTopicName as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"topic: {exc}")
-        name = str(topic)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.lookup_wait_seconds
-        unreachable: str | None = None
-        checked_exists = False
-        while True:
-            seen = self.table.version
-            owner = self.table.owner(name)
-            left = deadline - loop.time()
-            if owner is not None:
-                if await self.links.reachable(owner.url, max(0.05, min(_REACH_TIMEOUT, left))):
-                    self._count("lookup")
-                    return pb.TopicLookupResponse(
-                        request_id=request.request_id,
-                        response_type=CONNECT,
-                        connect_url=self.advertise,
-                        broker_url=owner.url,
-                        proxy=True,
-                    )
-                unreachable = f"{owner.broker_id} ({owner.url})"
-            elif not checked_exists:
-                checked_exists = True
-                try:
-                    exists = (
-                        await self.directory.meta(topic) is not None
-                        or await self.directory.marker(topic) is not None
-                    )
-                except MetadataError as exc:
-                    await context.abort(
-                        grpc.StatusCode.UNAVAILABLE, f"metadata store unavailable: {exc}"
-                    )
-                if not exists:
-                    await context.abort(
-                        grpc.StatusCode.NOT_FOUND,
-                        f"topic {name} does not exist (a producer creates it)",
-                    )
-            left = deadline - loop.time()
-            if left <= 0:
-                self._count("lookup_timeout")
-                why = f"its owner {unreachable} is unreachable" if unreachable else "unplaced"
-                await context.abort(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"topic {name} has no live owner yet ({why}); retry",
-                )
-            await self.table.changed(min(0.5, left), seen)
-
-    async def _partitions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            topic = TopicName.parse(request.topic)
-        except InvalidTopicName as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"topic: {exc}")
-        try:
-            names = await self.directory.partitions(topic)
-        except MetadataError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"metadata store unavailable: {exc}")
-        return pb.TopicPartitionsResponse(request_id=request.request_id, partitions=names)
 
     # -- sessions --------------------------------------------------------------------------
 
