@@ -102,10 +102,10 @@ class LoadManager(Service):
         self.events: deque[str] = deque(maxlen=200)  # human-readable log (demo, admin)
         self.terms = 0
 
-    def note(self, message: str) -> None:
+    def note(self, message: str, level: int = logging.INFO) -> None:
         """Record and log one human-readable control-plane event."""
         self.events.append(message)
-        log.info("%s: %s", self.name, message)
+        log.log(level, "%s: %s", self.name, message)
 
     async def _start(self) -> None:
         self.spawn(self._supervise(), "supervisor")
@@ -299,7 +299,8 @@ class LeaderSession:
             log.warning("%s: reachability: %s", self.manager.name, exc)
             return
         if result.succeeded:
-            self.manager.note(message)
+            # An eviction and its end are what an operator must see at the default level.
+            self.manager.note(message, logging.WARNING)
         elif not await self.manager.election.verify(self.term):
             raise FenceLost(self.term)
 
