@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ballast.cli.spark import spark_session, stage_progress
 from ballast.config import ConfigError, Strategy, load_config
 
 if TYPE_CHECKING:
@@ -199,7 +200,6 @@ def register(app: typer.Typer) -> None:
 
         from ballast.pipeline import compact
         from ballast.pipeline.job import PipelineError, parse_duration
-        from ballast.pipeline.session import build_session
 
         console = Console(stderr=True)
         try:
@@ -208,33 +208,32 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2) from None
         options = _storage_options(storage_option, console)
-        from pyspark.sql import SparkSession
-
-        owned = SparkSession.getActiveSession() is None
-        with console.status(f"starting Spark ({master})"):
-            spark = build_session(
-                master,
-                app_name="ballast-compact",
-                driver_memory=driver_memory,
-                executor_memory=executor_memory,
-                driver_host=driver_host,
-            )
-        scratch = tempfile.mkdtemp(prefix="ballast-compact-")
-        try:
-            with console.status("compacting"):
-                result, _ = compact.compact(
-                    spark, history, scratch, grace_seconds=grace_seconds, storage_options=options
+        with spark_session(
+            console,
+            master,
+            app_name="ballast-compact",
+            driver_memory=driver_memory,
+            executor_memory=executor_memory,
+            driver_host=driver_host,
+        ) as spark:
+            scratch = tempfile.mkdtemp(prefix="ballast-compact-")
+            try:
+                with console.status("compacting"):
+                    result, _ = compact.compact(
+                        spark,
+                        history,
+                        scratch,
+                        grace_seconds=grace_seconds,
+                        storage_options=options,
+                    )
+            except FileNotFoundError:
+                console.print(
+                    f"[red]error:[/red] history directory {history} does not exist: pass the "
+                    "directory the history sink writes to"
                 )
-        except FileNotFoundError:
-            console.print(
-                f"[red]error:[/red] history directory {history} does not exist: pass the "
-                "directory the history sink writes to"
-            )
-            raise typer.Exit(1) from None
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-            if owned:
-                spark.stop()
+                raise typer.Exit(1) from None
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
         out = Console()
         quarantined = result.quarantined
         detail = ", ".join(f"{k} {v}" for k, v in sorted(quarantined.items()))
@@ -324,7 +323,6 @@ def register(app: typer.Typer) -> None:
             parse_range,
             run_analysis,
         )
-        from ballast.pipeline.session import build_session
 
         console = Console(stderr=True)
         try:
@@ -345,45 +343,29 @@ def register(app: typer.Typer) -> None:
         except (PipelineError, ConfigError) as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2) from None
-        from pyspark.sql import SparkSession
+        with spark_session(
+            console,
+            master,
+            driver_memory=driver_memory,
+            shuffle_partitions=shuffle_partitions,
+            executor_memory=executor_memory,
+            driver_host=driver_host,
+        ) as spark:
+            try:
+                with stage_progress(console) as progress:
+                    task = progress.add_task("analysing", total=len(STAGE_LABELS))
+                    started: list[str] = []
 
-        # A session already running in this process (a notebook, a test) is reused and
-        # left running; one this command starts is stopped at the end.
-        owned = SparkSession.getActiveSession() is None
-        with console.status(f"starting Spark ({master})"):
-            spark = build_session(
-                master,
-                driver_memory=driver_memory,
-                shuffle_partitions=shuffle_partitions,
-                executor_memory=executor_memory,
-                driver_host=driver_host,
-            )
-        try:
-            with Progress(
-                SpinnerColumn(),
-                TextColumn("{task.description}"),
-                BarColumn(),
-                TextColumn("{task.completed}/{task.total}"),
-                TimeElapsedColumn(),
-                console=console,
-                transient=True,
-            ) as progress:
-                task = progress.add_task("analysing", total=len(STAGE_LABELS))
-                started: list[str] = []
+                    def on_stage(name: str) -> None:
+                        if started:
+                            progress.advance(task)
+                        started.append(name)
+                        progress.update(task, description=STAGE_LABELS.get(name, name))
 
-                def on_stage(name: str) -> None:
-                    if started:
-                        progress.advance(task)
-                    started.append(name)
-                    progress.update(task, description=STAGE_LABELS.get(name, name))
-
-                result = run_analysis(spark, options, on_stage)
-        except PipelineError as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(1) from None
-        finally:
-            if owned:
-                spark.stop()
+                    result = run_analysis(spark, options, on_stage)
+            except PipelineError as exc:
+                console.print(f"[red]error:[/red] {exc}")
+                raise typer.Exit(1) from None
         print_summary(result, Console())
 
 

@@ -241,20 +241,16 @@ def register(app: typer.Typer) -> None:
         if rack_aware and all(b.rack is None for b in broker_list):
             err.print("[yellow]note:[/yellow] no broker has a rack: nothing for rack-awareness")
         if engine is Engine.spark:
-            from pyspark.sql import SparkSession
-
+            from ballast.cli.spark import spark_session
             from ballast.pipeline.replicas import plan_replicas_spark
-            from ballast.pipeline.session import build_session
 
-            owned = SparkSession.getActiveSession() is None
-            with err.status(f"starting Spark ({master})"):
-                spark = build_session(master, "ballast-plan-kafka", driver_memory=driver_memory)
-            try:
-                with err.status(f"planning {len(topics)} topics on Spark"):
-                    plan = plan_replicas_spark(spark, topics, layout, seed)
-            finally:
-                if owned:
-                    spark.stop()
+            with (
+                spark_session(
+                    err, master, app_name="ballast-plan-kafka", driver_memory=driver_memory
+                ) as spark,
+                err.status(f"planning {len(topics)} topics on Spark"),
+            ):
+                plan = plan_replicas_spark(spark, topics, layout, seed)
         else:
             with err.status(f"planning {len(topics)} topics"):
                 plan = plan_replicas(topics, layout, seed)

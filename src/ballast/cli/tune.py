@@ -12,9 +12,9 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ballast.cli.spark import spark_session, stage_progress
 from ballast.config import ConfigError
 
 STAGES = {
@@ -119,7 +119,6 @@ def register(app: typer.Typer) -> None:
         ] = "127.0.0.1",
     ) -> None:
         from ballast.pipeline.job import PipelineError, parse_range
-        from ballast.pipeline.session import build_session
         from ballast.pipeline.tune import TuneError, TuneOptions, run_tuning
         from ballast.simulate.tuning import load_grid
 
@@ -138,42 +137,26 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2) from None
         combinations = len(options.grid.combinations())
         console.print(f"{combinations} configuration(s) to replay from {grid}")
-        from pyspark.sql import SparkSession
+        with spark_session(
+            console,
+            master,
+            app_name="ballast-tune",
+            driver_memory=driver_memory,
+            driver_host=driver_host,
+        ) as spark:
+            try:
+                with stage_progress(console) as progress:
+                    task = progress.add_task("tuning", total=None)
 
-        # A session already running in this process (a notebook, a test) is reused and
-        # left running; one this command starts is stopped at the end.
-        owned = SparkSession.getActiveSession() is None
-        with console.status(f"starting Spark ({master})"):
-            spark = build_session(
-                master,
-                app_name="ballast-tune",
-                driver_memory=driver_memory,
-                driver_host=driver_host,
-            )
-        try:
-            with Progress(
-                SpinnerColumn(),
-                TextColumn("{task.description}"),
-                BarColumn(),
-                TextColumn("{task.completed}/{task.total}"),
-                TimeElapsedColumn(),
-                console=console,
-                transient=True,
-            ) as progress:
-                task = progress.add_task("tuning", total=None)
+                    def on_stage(name: str) -> None:
+                        total = combinations if name == "replay" else None
+                        progress.update(task, description=STAGES[name], completed=0, total=total)
 
-                def on_stage(name: str) -> None:
-                    total = combinations if name == "replay" else None
-                    progress.update(task, description=STAGES[name], completed=0, total=total)
+                    def on_progress(done: int, total: int) -> None:
+                        progress.update(task, completed=done, total=total)
 
-                def on_progress(done: int, total: int) -> None:
-                    progress.update(task, completed=done, total=total)
-
-                result = run_tuning(spark, options, on_stage, on_progress)
-        except TuneError as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(1) from None
-        finally:
-            if owned:
-                spark.stop()
+                    result = run_tuning(spark, options, on_stage, on_progress)
+            except TuneError as exc:
+                console.print(f"[red]error:[/red] {exc}")
+                raise typer.Exit(1) from None
         _summary(result, Console())
