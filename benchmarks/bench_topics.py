@@ -19,6 +19,10 @@ the broker under ``ulimit -n`` `--nofile` (1 024: the usual default). Reported:
 - ``drain``: a second broker and a gateway start; 32 of the topics take sends through the
   gateway while the first broker is drained: how long until every topic it had is owned
   by the second, and each live topic's longest pause between acknowledgements.
+- ``failover``: a third broker starts and the second, which has every topic now, is
+  killed (SIGKILL; its registration TTL `--ttl`) while the 32 live topics take sends:
+  when every topic was assigned to the third (``assigned_s``, from the kill) and opened
+  there (``served_s``; goal: within the TTL + 10 s), and each live topic's pause.
 
 Prints one JSON document. `--quick` (the test suite's run): 50 topics, 0.3 s runs.
 
@@ -194,63 +198,182 @@ async def senders(
     }
 
 
-async def drain(
-    store: EtcdStore, etcd_url: str, config: Path, logs: Path, live: list[str], hold: float
-) -> dict[str, Any]:
-    """Drain the broker (every topic it has) onto a second one while `live` topics take
-    sends through a gateway: the drain's duration and each live topic's longest pause."""
-    more = Processes(etcd_url, config, store, logs)
-    try:
-        await more.start_broker("topics-2")
-        client = await dataplane.client_for(await more.start_gateway())
+class LiveSends:
+    """Sequential senders, one per live topic, through a gateway: when each send was
+    acknowledged (a send the gateway gave up on is counted and tried again)."""
+
+    def __init__(self, producers: list[Any]) -> None:
+        self.producers = producers
+        self.acked: list[list[float]] = [[] for _ in producers]
+        self.failed = 0
+        self._stop = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @classmethod
+    async def create(cls, url: str, topics: list[str]) -> LiveSends:
+        client = await dataplane.client_for(url)
         producers = []
-        for topic in live:
+        for topic in topics:
             producer = (
                 client.new_producer()
                 .with_topic(topic)
-                .with_name("drained")
+                .with_name("live")
                 .with_dispatch_strategy(DispatchStrategy.RELIABLE)
                 .build()
             )
             await producer.create()
             producers.append(producer)
-        acked: dict[int, list[float]] = {i: [] for i in range(len(producers))}
-        stop = False
+        return cls(producers)
 
-        async def send(i: int) -> None:
-            while not stop:
-                await producers[i].send(PAYLOAD)
-                acked[i].append(time.perf_counter())
+    async def _send(self, i: int) -> None:
+        while not self._stop:
+            try:
+                await self.producers[i].send(PAYLOAD)
+            except Exception:
+                self.failed += 1
+                await asyncio.sleep(0.05)
+                continue
+            self.acked[i].append(time.perf_counter())
 
-        tasks = [asyncio.create_task(send(i)) for i in range(len(producers))]
-        await asyncio.sleep(hold)
-        admin = AdminClient(store)
-        moving = set((await admin.view()).topics_of("topics-1"))
-        began = time.perf_counter()
-        await admin.drain("topics-1")
-        while True:
-            view = await admin.view()
-            if not any(view.owner(t) in (None, "topics-1") for t in moving):
-                break
-            await asyncio.sleep(0.2)
-        drained = time.perf_counter() - began
-        await asyncio.sleep(hold)
-        stop = True
-        await asyncio.gather(*tasks)
-        pauses = [
-            max((b - a for a, b in itertools.pairwise(times) if b >= began), default=0.0)
-            for times in acked.values()
+    def start(self) -> None:
+        self._stop = False
+        self._tasks = [asyncio.create_task(self._send(i)) for i in range(len(self.producers))]
+
+    async def stop(self) -> None:
+        self._stop = True
+        await asyncio.gather(*self._tasks)
+
+    def pauses(self, since: float) -> list[float]:
+        """Each topic's longest gap between acknowledgements ending after `since`."""
+        return [
+            max((b - a for a, b in itertools.pairwise(times) if b >= since), default=0.0)
+            for times in self.acked
         ]
-        return {
-            "topics": len(moving),
-            "live_topics": len(live),
-            "drain_s": round(drained, 2),
-            "pause_p50_s": round(pct(pauses, 0.5), 3),
-            "pause_p99_s": round(pct(pauses, 0.99), 3),
-            "pause_max_s": round(max(pauses, default=0.0), 3),
-        }
+
+
+def pause_figures(pauses: list[float]) -> dict[str, float]:
+    return {
+        "pause_p50_s": round(pct(pauses, 0.5), 3),
+        "pause_p99_s": round(pct(pauses, 0.99), 3),
+        "pause_max_s": round(max(pauses, default=0.0), 3),
+    }
+
+
+def opened(metrics_url: str) -> int:
+    """How many topics the broker has opened (its handover histogram's open count)."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith('ballast_dataplane_topic_handover_seconds_count{step="open"}'):
+                return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+async def all_opened(metrics_url: str, count: int, limit: float) -> float | None:
+    """Seconds until the broker has opened `count` topics more than now (None: not within
+    `limit`). Polled over HTTP in a thread: listing thousands of topics in this process
+    would stall the live clients' event loop, and with it the pauses measured."""
+    target = await asyncio.to_thread(opened, metrics_url) + count
+    began = time.perf_counter()
+    while time.perf_counter() - began < limit:
+        if await asyncio.to_thread(opened, metrics_url) >= target:
+            return time.perf_counter() - began
+        await asyncio.sleep(0.1)
+    return None
+
+
+async def drain(
+    etcd_url: str, live: LiveSends, source: str, moving: int, target_metrics: str, hold: float
+) -> dict[str, Any]:
+    """Drain `source` (its `moving` topics) onto the other broker with the admin CLI while
+    `live` topics take sends through a gateway: the time until the other broker serves
+    them all, and each live topic's longest pause."""
+    live.start()
+    await asyncio.sleep(hold)
+    began = time.perf_counter()
+    waiting = asyncio.create_task(all_opened(target_metrics, moving, 300.0))
+    cli = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ballast.cli.main", "admin", "brokers", "drain", source,
+        stdout=asyncio.subprocess.DEVNULL, env={**os.environ, "BALLAST_ETCD": etcd_url},
+    )  # fmt: skip
+    if await cli.wait() != 0:
+        raise RuntimeError(f"ballast admin brokers drain {source} exited with {cli.returncode}")
+    drained = await waiting
+    await asyncio.sleep(hold)
+    await live.stop()
+    return {
+        "topics": moving,
+        "live_topics": len(live.producers),
+        "drain_s": None if drained is None else round(drained, 2),
+        **pause_figures(live.pauses(began)),
+    }
+
+
+async def failover(
+    more: Processes,
+    live: LiveSends,
+    dead: str,
+    moving: int,
+    heir_metrics: str,
+    ttl: float,
+    hold: float,
+) -> dict[str, Any]:
+    """SIGKILL `dead` (its `moving` topics) while `live` topics take sends through a
+    gateway: when the heir had opened them all (``served_s``, from the kill) and each
+    live topic's pause."""
+    live.start()
+    await asyncio.sleep(hold)
+    killed = time.perf_counter()
+    waiting = asyncio.create_task(all_opened(heir_metrics, moving, ttl + 300.0))
+    more.brokers[dead].kill()
+    await more.brokers[dead].wait()
+    served = await waiting
+    await asyncio.sleep(hold)
+    await live.stop()
+    return {
+        "topics": moving,
+        "live_topics": len(live.producers),
+        "registration_ttl_s": ttl,
+        "served_s": None if served is None else round(served, 2),
+        "failed_sends": live.failed,
+        **pause_figures(live.pauses(killed)),
+    }
+
+
+async def moves(
+    store: EtcdStore, etcd_url: str, tmp: Path, live_topics: list[str], hold: float, ttl: float
+) -> dict[str, Any]:
+    """A second broker (registration TTL `ttl`) and a gateway start; the first broker is
+    drained onto the second, then a third starts and the second is killed."""
+    storage = {"data_dir": str(tmp / "data"), "object_store": str(tmp / "objects")}
+    ports = {name: free_port() for name in ("topics-2", "topics-3")}
+    configs = {
+        name: dataplane.write_config(
+            tmp / f"{name}.yaml",
+            storage,
+            broker={"registration_ttl_seconds": ttl, "leader_ttl_seconds": 10},
+            metrics={"enabled": True, "port": port},
+        )
+        for name, port in ports.items()
+    }
+    metrics = {name: f"http://127.0.0.1:{port}/metrics" for name, port in ports.items()}
+    admin = AdminClient(store)
+    more = Processes(etcd_url, configs["topics-2"], store, tmp / "logs")
+    out: dict[str, Any] = {}
+    try:
+        await more.start_broker("topics-2")
+        gateway = await more.start_gateway(dataplane.write_config(tmp / "gateway.yaml", storage))
+        live = await LiveSends.create(gateway, live_topics)
+        moving = len((await admin.view()).topics_of("topics-1"))
+        out["drain"] = await drain(etcd_url, live, "topics-1", moving, metrics["topics-2"], hold)
+        more.config = configs["topics-3"]
+        await more.start_broker("topics-3")
+        moving = len((await admin.view()).topics_of("topics-2"))
+        out["failover"] = await failover(
+            more, live, "topics-2", moving, metrics["topics-3"], ttl, hold
+        )
     finally:
         await more.close()
+    return out
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -313,12 +436,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             out["broker_alive"] = child.returncode is None
             if args.drain:
                 live = [f"/default/hot-{i:02d}" for i in range(32)]
-                second = dataplane.write_config(  # no metrics port: the first one has it
-                    tmp / "second.yaml",
-                    {"data_dir": str(tmp / "data"), "object_store": str(tmp / "objects")},
-                )
-                out["drain"] = await drain(
-                    store, server.client_url, second, tmp / "logs", live, max(args.duration, 1)
+                out.update(
+                    await moves(
+                        store, server.client_url, tmp, live, max(args.duration, 1), args.ttl
+                    )
                 )
     finally:
         await procs.close()
@@ -335,6 +456,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             for k in ("one_topic_32", "32_topics_32")
         ),
     }
+    if args.drain:
+        out["goals"]["drain_s"] = out["drain"]["drain_s"]
+        out["goals"]["drain_pause_p99_s"] = out["drain"]["pause_p99_s"]
+        out["goals"]["failover_served_s"] = out["failover"]["served_s"]
     return out
 
 
@@ -347,14 +472,24 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=10.0, help="idle CPU window")
     parser.add_argument("--nofile", type=int, default=1024, help="the broker's ulimit -n")
     parser.add_argument(
+        "--ttl", type=float, default=10.0, help="the killed broker's registration TTL (s)"
+    )
+    parser.add_argument(
         "--no-drain",
         dest="drain",
         action="store_false",
-        help="skip the drain of every topic onto a second broker (through a gateway)",
+        help="skip the drain onto a second broker and its failover onto a third",
     )
     args = parse_args(
         parser,
-        quick={"topics": 50, "clients": 8, "active": 50, "duration": 0.3, "idle_seconds": 1.0},
+        quick={
+            "topics": 50,
+            "clients": 8,
+            "active": 50,
+            "duration": 0.3,
+            "idle_seconds": 1.0,
+            "ttl": 2.0,
+        },
     )
     emit(asyncio.run(main_async(args)))
 

@@ -141,6 +141,39 @@ async def test_a_create_for_a_topic_being_opened_waits_for_the_opening(
         await host.stop()
 
 
+async def test_many_openings_queue_and_a_topic_a_client_asks_for_opens_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker that inherits many topics at once (a drain, a failover) opens a few at a
+    time; the one a client waits for does not queue behind the idle ones."""
+    monkeypatch.setattr(host_module, "OPENINGS_AT_ONCE", 2)
+    store = SlowStore(gates=lambda key: key.startswith(keys.TOPICS_PREFIX))
+    host = DataPlaneHost("b1", store, FakeClock(), data_config(tmp_path))
+    await host.start()
+    names = [f"/default/t{i}" for i in range(6)]
+    try:
+        store.gate.clear()
+        for name in names:
+            await host.load(name, None)
+        assert set(host._opening) == set(names[:2])  # the others wait their turn
+
+        # A client asks for the last one: its opening starts at once (its reads, alone,
+        # are let through).
+        gated = store.gate_of
+        store.gate_of = lambda key: None if names[-1] in key else gated(key)
+        served = await asyncio.wait_for(host.serving(names[-1]), 5)
+        assert served is host.topics[names[-1]]
+        assert set(host.topics) == {names[-1]}  # ahead of all the queued ones
+
+        await host.unload(names[3], None)  # unassigned while queued: never opened
+        store.gate.set()
+        await eventually(lambda: set(host.topics) == set(names) - {names[3]})
+        assert not host._opening
+    finally:
+        store.gate.set()
+        await host.stop()
+
+
 async def test_a_reliable_topics_storage_is_listed_while_its_metadata_is_read(
     tmp_path: Path,
 ) -> None:
