@@ -4,6 +4,7 @@ fenced topic fails alone, a new owner reads its part of a shared object by range
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from ballast.storage.objects import ObjectNotFoundError
 from ballast.storage.reservation import TopicClaim, commit_together
 from tests.etcd_fixtures import EtcdServer, etcd_server
 
-from .helpers import collect, make_topic, payload
+from .helpers import collect, eventually, make_topic, payload
 
 __all__ = ["etcd_server"]
 
@@ -83,6 +84,49 @@ async def test_topics_sent_to_together_share_objects_and_transactions_and_move_i
                 (o, payload(o), Tier.OBJECT) for o in range(5)
             ]
             assert await other.append(b"more") == 5
+
+
+async def test_merges_of_many_topics_share_objects_and_transactions(
+    tmp_path: Path, kw: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small objects are merged through the stream too: topics merging at once write one
+    object and commit in one transaction, not one each."""
+    config = dataclasses.replace(kw["config"], merge_objects=4)
+    kw = {**kw, "config": config}
+    stats = StorageStats()
+    stream = stream_for("a", kw, stats)
+    names = [f"/default/merged-{i}" for i in range(8)]
+    topics = [make_topic("a", tmp_path, **kw, topic=n, stats=stats, stream=stream) for n in names]
+    for topic in topics:
+        await topic.open()
+    for offset in range(3):  # one object per send and topic: three small ones each
+        await asyncio.gather(*(t.append(payload(offset)) for t in topics))
+    # Every object written and every transaction, from here on.
+    calls = {"put": 0, "txn": 0}
+    for name, owner in (("put", kw["objects"]), ("txn", kw["metadata"])):
+        method = getattr(owner, name)
+
+        async def counted(*args: Any, _name: str = name, _method: Any = method) -> Any:
+            calls[_name] += 1
+            return await _method(*args)
+
+        monkeypatch.setattr(owner, name, counted)
+    await asyncio.gather(*(t.append(payload(3)) for t in topics))  # the fourth: all merge
+    await eventually(lambda: stats.objects_merged == 4 * len(topics))
+    # The fourth sends and the eight merges: far fewer writes and transactions than topics.
+    assert calls["put"] < len(topics)
+    assert calls["txn"] < len(topics)
+    for topic in topics:
+        await topic.close()
+    await stream.close()
+    for name in names:
+        catalog = await load_catalog(kw["metadata"], TopicName.parse(name), StorageStats())
+        assert [(d.start, d.end) for d in catalog.objects] == [(0, 3)]
+        async with make_topic("b", tmp_path, **kw, topic=name) as other:
+            items = await collect(other.read(0, live=False))
+            assert [(i.offset, i.record.payload) for i in items] == [
+                (o, payload(o)) for o in range(4)
+            ]
 
 
 async def test_a_fenced_topic_fails_alone_inside_a_shared_commit(

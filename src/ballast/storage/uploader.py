@@ -602,16 +602,28 @@ class Uploader:
             del self._small[: len(group)]
             return bool(self._small)
         data = builder.finish()
-        name = object_name(self.topic, start, end)
-        await self._retrying(f"writing merged object {name}", lambda: self._objects.put(name, data))
-        merged = ObjectDescriptor(start, end, name, len(data), self._clock.now())
+        claim, stream = self._claim, self._stream
+        assert claim is not None
+        if stream is not None:
+            # Through the broker's stream, like the sends: the merges of many topics share
+            # objects and transactions (one each per topic grew with the topics: 1 000
+            # active topics committed 4x as often as 32).
+            merged = await self._retrying(
+                f"writing merged object {start}..{end}",
+                functools.partial(stream.write, self.topic, start, end, data),
+            )
+        else:
+            name = object_name(self.topic, start, end)
+            await self._retrying(
+                f"writing merged object {name}", lambda: self._objects.put(name, data)
+            )
+            merged = ObjectDescriptor(start, end, name, len(data), self._clock.now())
         ops: list[TxnOp] = [
             Put(keys.storage_object(self.topic, start), merged.to_dict()),
             *(Delete(keys.storage_object(self.topic, d.start)) for d in group[1:]),
         ]
-        claim = self._claim
-        assert claim is not None
-        await self._retrying(f"committing merged {start}..{end}", lambda: claim.commit(ops))
+        commit = claim.commit if stream is None else functools.partial(stream.commit, claim)
+        await self._retrying(f"committing merged {start}..{end}", lambda: commit(ops))
         del self._small[: len(group)]
         self._keys -= len(group) - 1
         self.stored_objects -= len(group) - 1
@@ -620,7 +632,12 @@ class Uploader:
         self._garbage.extend((after, d.object_id, d) for d in group)
         self._stats.objects_merged += len(group)
         log.debug(
-            "%s: merged %d objects into %s (%d..%d)", self._name, len(group), name, start, end
+            "%s: merged %d objects into %s (%d..%d)",
+            self._name,
+            len(group),
+            merged.object_id,
+            start,
+            end,
         )
         return True
 
