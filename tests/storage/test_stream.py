@@ -192,6 +192,40 @@ async def test_commit_together_splits_under_etcds_limits(
         assert len(states.items) == 150
 
 
+async def test_a_topics_several_commits_go_in_one_transaction_unless_their_keys_meet(
+    etcd_server: EtcdServer, clock: FakeClock
+) -> None:
+    """A topic's send and merge committed at once share its state's write (etcd refuses a
+    key written twice in one transaction: such commits go one after the other, in order)."""
+    run = uuid.uuid4().hex[:8]
+    async with EtcdStore(etcd_server.client_url) as store:
+        one, two = [await claimed(store, f"/twice{run}/t{i}", "a", clock) for i in range(2)]
+        stats = StorageStats()
+        results = await commit_together(
+            store,
+            [
+                (one, [Put(f"/test/twice{run}/a", 1)]),
+                (two, [Put(f"/test/twice{run}/b", 1)]),
+                (one, [Put(f"/test/twice{run}/c", 1)]),
+            ],
+            stats,
+        )
+        assert results == [None, None, None] and stats.descriptor_commits == 1
+        assert len((await store.get_prefix(f"/test/twice{run}/")).items) == 3
+
+        results = await commit_together(
+            store,
+            [
+                (one, [Put(f"/test/twice{run}/a", 2)]),
+                (one, [Put(f"/test/twice{run}/a", 3)]),  # the same key: after the first
+                (one, [Put(f"/test/twice{run}/d", 3)]),  # and so is what follows it
+            ],
+            stats,
+        )
+        assert results == [None, None, None] and stats.descriptor_commits == 1 + 3
+        assert (await store.get(f"/test/twice{run}/a")).value == 3  # type: ignore[union-attr]
+
+
 async def test_a_shared_object_goes_once_every_part_is_released(
     object_store: FsspecObjectStore, metadata: MemoryStore, clock: FakeClock
 ) -> None:

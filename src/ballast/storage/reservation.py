@@ -35,7 +35,7 @@ from typing import Any, Protocol, Self
 
 from ballast.clock import Clock
 from ballast.metadata import keys
-from ballast.metadata.store import Compare, MetadataError, MetadataStore, Put, TxnOp
+from ballast.metadata.store import Compare, Delete, MetadataError, MetadataStore, Put, TxnOp
 from ballast.model import TopicName
 from ballast.storage.config import StorageConfig
 from ballast.storage.seal import SealedState, StateError
@@ -451,6 +451,13 @@ class TopicClaim:
 _TXN_OPS = 120
 
 
+def _keys_of(ops: Sequence[TxnOp]) -> set[str] | None:
+    """The keys `ops` write, or None if one is a prefix deletion (never combined)."""
+    if any(isinstance(op, Delete) and op.prefix for op in ops):
+        return None
+    return {op.key for op in ops}
+
+
 async def commit_together(
     metadata: MetadataStore,
     commits: Sequence[tuple[TopicClaim, Sequence[TxnOp]]],
@@ -459,66 +466,83 @@ async def commit_together(
     """`TopicClaim.commit` of many topics, in as few transactions as etcd allows.
 
     Each topic's operations go with a fresh copy of its state, fenced on its revision, as in
-    `commit`; one transaction carries many topics. When a transaction's compares fail (a
-    topic was claimed by another broker), its topics commit one by one, so a fenced topic
-    fails alone and the others commit. A claim busy with a write of its own (an extension,
-    a cursor) or present twice commits on its own too. Returns, per commit, None or the
+    `commit`; one transaction carries many topics, and a topic's several commits (its sends'
+    and its merge's) go in as one when they write different keys. When a transaction's
+    compares fail (a topic was claimed by another broker), its topics commit one by one, so
+    a fenced topic fails alone and the others commit. A claim busy with a write of its own
+    (an extension, a cursor) commits on its own too. Returns, per commit, None or the
     exception it failed with (`TopicFencedError`, a metadata error to retry).
     """
     results: list[BaseException | None] = [None] * len(commits)
     alone: list[int] = []
-    joined: list[tuple[int, SealedState]] = []
-    seen: set[int] = set()
-    for i, (claim, _) in enumerate(commits):
-        state = None if id(claim) in seen else await claim._join()
-        if state is None:
+    # Per claim that joined: the commits it carries, their operations, the state to write.
+    joined: list[tuple[list[int], list[TxnOp], SealedState]] = []
+    carrying: dict[int, tuple[list[int], list[TxnOp], set[str]]] = {}
+    spilled: set[int] = set()  # claims with a commit on its own: their later ones follow it
+    for i, (claim, ops) in enumerate(commits):
+        written = _keys_of(ops)
+        carried = carrying.get(id(claim))
+        if carried is not None and id(claim) not in spilled:
+            indices, along, used = carried
+            fits = len(along) + len(ops) < _TXN_OPS
+            if written is not None and used.isdisjoint(written) and fits:
+                indices.append(i)
+                along.extend(ops)
+                used |= written
+                continue
+        if carried is not None or id(claim) in spilled:
+            spilled.add(id(claim))
             alone.append(i)
-        else:
-            seen.add(id(claim))
-            joined.append((i, state))
+            continue
+        state = await claim._join()
+        if state is None or written is None:
+            if state is not None:
+                claim._leave()
+            spilled.add(id(claim))
+            alone.append(i)
+            continue
+        carrying[id(claim)] = ([i], list(ops), written)
+        joined.append((carrying[id(claim)][0], carrying[id(claim)][1], state))
     while joined:
-        chunk: list[tuple[int, SealedState]] = []
+        chunk: list[tuple[list[int], list[TxnOp], SealedState]] = []
         size = 0
-        while joined and (not chunk or size + 1 + len(commits[joined[0][0]][1]) <= _TXN_OPS):
-            i, state = joined.pop(0)
-            chunk.append((i, state))
-            size += 1 + len(commits[i][1])
-        compares = [
-            Compare.mod_revision_equals(commits[i][0].key, commits[i][0]._revision)
-            for i, _ in chunk
-        ]
-        ops: list[TxnOp] = []
-        for i, state in chunk:
-            claim, extra = commits[i]
-            ops.append(Put(claim.key, state.to_dict()))
-            ops.extend(extra)
+        while joined and (not chunk or size + 1 + len(joined[0][1]) <= _TXN_OPS):
+            chunk.append(joined.pop(0))
+            size += 1 + len(chunk[-1][1])
+        claims = [commits[indices[0]][0] for indices, _, _ in chunk]
+        compares = [Compare.mod_revision_equals(c.key, c._revision) for c in claims]
+        writes: list[TxnOp] = []
+        for claim, (_, along, state) in zip(claims, chunk, strict=True):
+            writes.append(Put(claim.key, state.to_dict()))
+            writes.extend(along)
         if stats is not None:
             stats.descriptor_commits += 1
         try:
-            txn = await metadata.txn(compares, ops)
+            txn = await metadata.txn(compares, writes)
         except Exception as exc:  # the outcome is unknown: the next attempt adopts it
-            for i, state in chunk:
-                commits[i][0]._leave(unknown=state)
-                results[i] = exc
+            for claim, (indices, _, state) in zip(claims, chunk, strict=True):
+                claim._leave(unknown=state)
+                for i in indices:
+                    results[i] = exc
             continue
         except BaseException:
-            for i, state in [*chunk, *joined]:
-                commits[i][0]._leave(unknown=state)
+            for indices, _, state in [*chunk, *joined]:
+                commits[indices[0]][0]._leave(unknown=state)
             raise
-        for i, state in chunk:
-            claim = commits[i][0]
+        for claim, (indices, _, state) in zip(claims, chunk, strict=True):
             if txn.succeeded:
                 claim._leave(written=(state, txn.revision))
             else:
                 claim._leave()
-                alone.append(i)
+                alone.extend(indices)
     if alone:
         if stats is not None:
             stats.descriptor_commits += len(alone)
         outcomes = await asyncio.gather(
-            *(commits[i][0].commit(commits[i][1]) for i in alone), return_exceptions=True
+            *(commits[i][0].commit(commits[i][1]) for i in sorted(alone)),
+            return_exceptions=True,
         )
-        for i, outcome in zip(alone, outcomes, strict=True):
+        for i, outcome in zip(sorted(alone), outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 results[i] = outcome
     return results
