@@ -25,7 +25,7 @@ from typing import Any
 
 from ballast.aio import TaskOwner, cancel_and_wait
 from ballast.broker.budgets import ByteBudgets
-from ballast.broker.dispatch import ConsumerHandle, drain
+from ballast.broker.dispatch import ConsumerHandle, SubscriptionDispatcher, drain
 from ballast.broker.expiry import expired
 from ballast.broker.metrics import DataPlaneMetrics
 from ballast.broker.pressure import topic_figures
@@ -131,12 +131,10 @@ class DataPlaneHost:
         self.directory = Directory(store, clock)
         self.dialer = ClusterDialer(config)  # the relay's and dead letters' calls
         self.counters.subscription_dropped.set_function(
-            lambda: sum(d.dropped for t in self.topics.values() for d in t.subscriptions.values())
+            lambda: sum(d.dropped for d in self._subscriptions())
         )
         self.counters.subscription_buffered_bytes.set_function(
-            lambda: sum(
-                d.buffered_bytes for t in self.topics.values() for d in t.subscriptions.values()
-            )
+            lambda: sum(d.buffered_bytes for d in self._subscriptions())
         )
         self.topics: dict[str, ServedTopic] = {}
         self.producers: dict[int, ProducerEntry] = {}
@@ -456,6 +454,13 @@ class DataPlaneHost:
 
     # -- registries ------------------------------------------------------------------------
 
+    def _subscriptions(self) -> list[SubscriptionDispatcher]:
+        """Every served subscription. Called from the metrics server's thread while the
+        event loop opens and closes topics: iterating the live dicts there failed a scrape
+        with "dictionary changed size during iteration" (a drain of 10 000 topics); list()
+        copies each at once."""
+        return [d for t in list(self.topics.values()) for d in list(t.subscriptions.values())]
+
     def _stored(self) -> list[tuple[str, int, int]]:
         """(topic, objects, bytes) in the object store of every reliable topic served."""
         return [
@@ -619,6 +624,7 @@ class DataPlaneHost:
 
     async def close(self) -> None:
         """Unload every topic (sealing reliable ones); for owners without a BrokerNode."""
+        self._queued.clear()  # never claimed here: nothing to seal
         for task in list(self._opening.values()):
             await asyncio.wait({task})
         for topic in sorted(self.topics):
