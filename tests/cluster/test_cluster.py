@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -350,3 +351,25 @@ async def test_the_leader_places_topics_while_its_rankings_write_waits() -> None
                 return kv is not None and kv != posted
 
             await wait_until(posted_again, 10, "the latest rankings posted at last")
+
+
+async def test_drain_and_activate_write_one_key_without_listing_the_cluster() -> None:
+    """On a cluster of thousands of topics a listing is seconds of etcd's time (and a
+    pause of every commit meanwhile): setting a broker's state reads nothing of it."""
+
+    listed: list[str] = []
+
+    class Listings(MemoryStore):
+        async def get_prefix(self, prefix: str) -> Any:
+            listed.append(prefix)
+            return await super().get_prefix(prefix)
+
+    store = Listings()
+    await store.put(keys.register("b1"), {"broker_url": "b1:6650"})
+    admin = AdminClient(store)
+    await admin.drain("b1")
+    await admin.activate("b1")
+    assert listed == []
+    assert (await store.get(keys.broker_state("b1"))).value["mode"] == "active"  # type: ignore[union-attr]
+    with pytest.raises(AdminError, match=r"'b9' is not registered \(registered: b1\)"):
+        await admin.drain("b9")

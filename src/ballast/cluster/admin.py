@@ -167,6 +167,13 @@ class RebalanceResult:
         }
 
 
+def _validated_broker(broker_id: str) -> None:
+    try:
+        validate_broker_id(broker_id)
+    except ModelError as exc:
+        raise AdminError(str(exc)) from None
+
+
 def _topic(value: str) -> str:
     try:
         return topic_str(value)
@@ -334,15 +341,16 @@ class AdminClient:
     # -- brokers -------------------------------------------------------------------------
 
     async def _require_broker(self, broker_id: str) -> ClusterView:
-        try:
-            validate_broker_id(broker_id)
-        except ModelError as exc:
-            raise AdminError(str(exc)) from None
+        _validated_broker(broker_id)
         view = await self.view()
         if broker_id not in view.registrations:
-            known = ", ".join(view.brokers()) or "none"
-            raise AdminError(f"broker {broker_id!r} is not registered (registered: {known})")
+            raise await self._not_registered(broker_id)
         return view
+
+    async def _not_registered(self, broker_id: str) -> AdminError:
+        listing = await self.store.get_prefix(keys.REGISTER_PREFIX)
+        known = ", ".join(sorted(keys.parse_register_key(kv.key) for kv in listing.items))
+        return AdminError(f"broker {broker_id!r} is not registered (registered: {known or 'none'})")
 
     async def drain(self, broker_id: str, reason: str = "drained by admin") -> None:
         """Set a broker draining: the leader unloads its topics, then marks it drained."""
@@ -353,13 +361,15 @@ class AdminClient:
         await self._set_state(broker_id, BrokerState(BrokerMode.ACTIVE, reason))
 
     async def _set_state(self, broker_id: str, state: BrokerState) -> None:
-        await self._require_broker(broker_id)
+        # One transaction, no listing of the cluster: on a cluster of thousands of topics a
+        # listing is seconds of etcd's and this process's time, only to check one key.
+        _validated_broker(broker_id)
         result = await self.store.txn(
             [Compare.present(keys.register(broker_id))],
             [Put(keys.broker_state(broker_id), state.to_dict())],
         )
         if not result.succeeded:
-            raise AdminError(f"broker {broker_id!r} left the cluster meanwhile")
+            raise await self._not_registered(broker_id)
 
     # -- topics --------------------------------------------------------------------------
 
