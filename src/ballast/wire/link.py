@@ -379,6 +379,7 @@ class SendLink:
         self._pending: dict[int, asyncio.Future[bytes]] = {}
         self._wake = asyncio.Event()
         self._run: asyncio.Task[None] | None = None
+        self._answered = False  # the open stream answered a frame (see `_rejected`)
 
     async def send(self, message: bytes, token: str | None, timeout: float) -> bytes:
         """The broker's reply bytes (MessageResponse, AckResponse); `grpc.aio.AioRpcError`
@@ -410,20 +411,19 @@ class SendLink:
     async def _stream(self) -> None:
         error = rpc_error(grpc.StatusCode.UNAVAILABLE, f"link to {self.url}: connection ended")
         opened: _Opened | None = None
-        answered = False
+        self._answered = False
         try:
             opened = await self._open()
             writer = asyncio.create_task(self._write(opened.write))
             try:
-                async for frame in opened.frames:
-                    answered = True
-                    self._answer(frame)
+                await opened.replies
             finally:
                 writer.cancel()
                 with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError, OSError):
                     await writer
         except grpc.aio.AioRpcError as exc:
-            if exc.code() is grpc.StatusCode.INTERNAL and self.transport == "grpc" and not answered:
+            grpc_link = self.transport == "grpc"
+            if exc.code() is grpc.StatusCode.INTERNAL and grpc_link and not self._answered:
                 exc = await self._rejected(exc)
             if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
                 self.supported = False
@@ -464,9 +464,11 @@ class SendLink:
             port = await self._tcp_port()
             if port:
                 host = self.url.rpartition(":")[0].strip("[]")
+                loop = asyncio.get_running_loop()
                 try:
                     async with asyncio.timeout(TCP_CONNECT_SECONDS):
-                        reader, writer = await asyncio.open_connection(
+                        transport, replies = await loop.create_connection(
+                            functools.partial(_TcpReplies, self._answer),
                             host,
                             port,
                             ssl=self.ssl_context,
@@ -484,15 +486,20 @@ class SendLink:
                         str(exc) or type(exc).__name__,
                     )
                 else:
-                    sock = writer.get_extra_info("socket")
+                    sock = transport.get_extra_info("socket")
                     if self.keepalive is not None and sock is not None:
                         set_tcp_keepalive(sock, *self.keepalive)
-                    writer.write(TCP_PREAMBLE + _TCP_KIND_OF[self.method])
+                    transport.write(TCP_PREAMBLE + _TCP_KIND_OF[self.method])
                     self.transport = "tcp"
-                    return _tcp_opened(reader, writer)
+                    return _Opened(replies.write, replies.ended, transport.close)
         call = self.channel.stream_stream(self.method)()
         self.transport = "grpc"
-        return _Opened(call.write, call, call.cancel)
+        return _Opened(call.write, self._grpc_replies(call), call.cancel)
+
+    async def _grpc_replies(self, call: Any) -> None:
+        async for frame in call:
+            self._answered = True
+            self._answer(frame)
 
     async def _rejected(self, exc: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
         """Why a gRPC link stream that never answered ended INTERNAL: writing to a stream
@@ -575,18 +582,77 @@ class SendLink:
 
 @dataclass(frozen=True)
 class _Opened:
-    """A link's way to the broker: write a frame, the reply frames, close."""
+    """A link's way to the broker: write a frame; what ends when the connection does
+    (each reply frame answered on the way); close."""
 
     write: Callable[[bytes], Awaitable[None]]
-    frames: AsyncIterator[bytes]
+    replies: Awaitable[None]
     close: Callable[[], Any]
 
 
-def _tcp_opened(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Opened:
-    # Reply frames answer what this gateway sent (each below BATCH_BYTES): no limit here.
-    return _Opened(
-        functools.partial(_tcp_write, writer), _tcp_frames(reader, _LENGTH_MAX), writer.close
-    )
+class _TcpReplies(asyncio.Protocol):
+    """The gateway's end of a TCP link: reply frames answered as they are read, in the
+    read's own loop turn (a StreamReader would wake the link's task a turn later, on
+    every reply frame of every send), and frames written with back-pressure."""
+
+    def __init__(self, answer: Callable[[bytes], None]) -> None:
+        self.answer = answer
+        self.buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._drained: asyncio.Future[None] | None = None  # while the socket takes no more
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self.buffer
+        buffer += data
+        at = 0
+        try:
+            # Reply frames answer what this gateway sent (each below BATCH_BYTES): no limit.
+            while len(buffer) - at >= _LENGTH.size:
+                (length,) = _LENGTH.unpack_from(buffer, at)
+                end = at + _LENGTH.size + length
+                if end > len(buffer):
+                    break
+                self.answer(bytes(buffer[at + _LENGTH.size : end]))
+                at = end
+        except (LinkFrameError, IndexError) as exc:  # a malformed frame: the link reopens
+            self._end(exc)
+            assert self.transport is not None
+            self.transport.abort()
+            return
+        del buffer[:at]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end(exc)  # mid-frame or not: the connection ended
+        self.resume_writing()
+
+    def _end(self, exc: BaseException | None) -> None:
+        if not self.ended.done():
+            if exc is None:
+                self.ended.set_result(None)
+            else:
+                self.ended.set_exception(exc)
+
+    def pause_writing(self) -> None:
+        self._drained = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    async def write(self, frame: bytes) -> None:
+        """One frame (``<length: u32><frame>``); returns once the socket takes more."""
+        assert self.transport is not None
+        if self.ended.done() or self.transport.is_closing():
+            raise ConnectionResetError("link connection ended")
+        self.transport.write(_LENGTH.pack(len(frame)) + frame)
+        if self._drained is not None:
+            await self._drained
 
 
 async def _tcp_write(writer: asyncio.StreamWriter, frame: bytes) -> None:
