@@ -171,10 +171,11 @@ class Rounds(LeaderState):
         for gone in self._seal_wait.keys() - self.view.markers.keys():
             del self._seal_wait[gone]
         intents: list[Intent] = []
-        for topic, pending in sorted(self.view.markers.items()):
+        # Only the waiting ones sorted: a drain of thousands has them all in the view, and
+        # this runs on every step.
+        waiting = [(t, p) for t, p in self.view.markers.items() if not p.marker.ready]
+        for topic, pending in sorted(waiting):
             marker = pending.marker
-            if marker.ready:
-                continue
             source = marker.from_broker
             if source is None or source not in self.view.registrations:
                 intents.append(Release(topic, pending.revision, marker))
@@ -294,9 +295,8 @@ class Rounds(LeaderState):
         view = self.view
         for topic in [t for t in self._meta_wait if t not in view.markers]:
             del self._meta_wait[topic]  # the marker went away by other hands
-        for topic, pending in sorted(view.markers.items(), key=lambda e: (e[1].revision, e[0])):
-            if not pending.marker.ready:
-                continue
+        ready = [(t, p) for t, p in view.markers.items() if p.marker.ready]  # as above
+        for topic, pending in sorted(ready, key=lambda e: (e[1].revision, e[0])):
             owner = view.owner(topic)
             if owner is not None:
                 intents.append(
