@@ -35,12 +35,15 @@ class FakeTable:
 
 
 def reporter(wall: list[float], urls: dict[str, str]) -> tuple[ReachabilityReporter, FakeLinks]:
+    """A reporter whose clocks are both `wall[0]` (checks every 0.5 s by default)."""
     links = FakeLinks()
     settings = ReachabilitySettings(report_after_seconds=1.0, clear_after_seconds=0.0)
     links_: Any = links
     table: Any = FakeTable(urls)
     store: Any = None
-    r = ReachabilityReporter(store, links_, table, settings, 5.0, "gw-1", "gw:1", lambda: wall[0])
+    r = ReachabilityReporter(
+        store, links_, table, settings, 5.0, "gw-1", "gw:1", lambda: wall[0], lambda: wall[0]
+    )
     return r, links
 
 
@@ -58,6 +61,21 @@ def test_a_broker_not_ready_for_report_after_seconds_is_reported_then_withdrawn(
     assert r.observe() == {}
     links.channel("h2:1").state = grpc.ChannelConnectivity.READY
     assert r.observe() == {"b2": None}  # withdrawn (clear_after_seconds 0 here)
+
+
+def test_what_the_channels_did_while_the_gateway_itself_stalled_is_no_evidence() -> None:
+    """A gateway starved of CPU for longer than it takes to report found every channel
+    not ready at once; its first look after the stall starts afresh instead."""
+    wall = [100.0]
+    r, links = reporter(wall, {"b1": "h1:1"})
+    links.channel("h1:1").state = grpc.ChannelConnectivity.CONNECTING
+    assert r.observe() == {}
+    wall[0] = 102.0  # the next look, 2 s late: the gateway stalled
+    assert r.observe() == {}  # not reported: not ready "since 100.0" is not known
+    wall[0] = 102.5
+    assert r.observe() == {}
+    wall[0] = 103.0
+    assert r.observe() == {"b1": 102.0}  # not ready for 1 s of looking: reported
 
 
 def test_a_report_of_a_broker_that_left_is_withdrawn() -> None:

@@ -61,6 +61,10 @@ def demo_config() -> BallastConfig:
             "broker": {"registration_ttl_seconds": 2.0, "leader_ttl_seconds": 2.0},
             "history": {"enabled": False},
             "metrics": {"enabled": False},
+            # Brokers and gateway share one process here: no path between them can be cut,
+            # and a stall of the one event loop (a loaded machine) looked like every broker
+            # unreachable, which drained them all in the middle of the demo.
+            "reachability": {"enabled": False},
         }
     )
 

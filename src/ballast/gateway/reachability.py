@@ -49,6 +49,7 @@ class ReachabilityReporter:
         gateway: str,
         url: str,
         wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.links = links
@@ -58,9 +59,11 @@ class ReachabilityReporter:
         self.gateway = gateway
         self.url = url
         self.wall = wall
+        self.monotonic = monotonic
         self.reported: dict[str, float] = {}  # broker -> since (what the store holds)
         self._down_since: dict[str, float] = {}  # broker -> first seen not ready (wall)
         self._up_since: dict[str, float] = {}  # broker -> ready again since (monotonic)
+        self._last_look: float | None = None  # monotonic time of the previous `observe`
 
     async def run(self) -> None:
         """Register, report, and register again whenever the lease is lost."""
@@ -114,7 +117,15 @@ class ReachabilityReporter:
     def observe(self) -> dict[str, float | None]:
         """One look at every registered broker's channel: the reports to write (broker →
         unreachable since) and to withdraw (broker → None)."""
-        now, mono = self.wall(), time.monotonic()
+        now, mono = self.wall(), self.monotonic()
+        settings = self.settings
+        expected = settings.check_interval_seconds + settings.report_after_seconds / 2
+        late = self._last_look is not None and mono - self._last_look > expected
+        self._last_look = mono
+        if late:
+            # This gateway itself stalled (its process starved of CPU): what its channels
+            # did meanwhile says nothing about the brokers. Start looking afresh.
+            self._down_since.clear()
         changes: dict[str, float | None] = {}
         brokers = dict(self.table.urls)
         for broker, url in brokers.items():
