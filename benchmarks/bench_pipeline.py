@@ -4,6 +4,7 @@ baseline doing the same aggregations on the same files. Prints JSON.
     python benchmarks/bench_pipeline.py                 # 1M, 10M and 30M topic rows
     python benchmarks/bench_pipeline.py --sizes 1M,10M  # a subset
     python benchmarks/bench_pipeline.py --sizes 50k --no-spark  # what --quick runs
+    python benchmarks/bench_pipeline.py --sizes 10M --rounds 3 --no-tuning --no-fidelity
 
 For each size: generate a history (2000 topics, 10 brokers, 30 s reports; the hours
 follow from the size), then on local[2]:
@@ -69,7 +70,7 @@ from ballast.balance.scoring import (
     weighted_load_score,
 )
 from ballast.pipeline.arrow_compact import convert
-from ballast.pipeline.generate import GeneratorSpec, generate_history
+from ballast.pipeline.generate import GeneratedHistory, GeneratorSpec, generate_history
 from ballast.pipeline.job import AnalyzeOptions, run_analysis
 from ballast.pipeline.session import build_session
 from ballast.pipeline.transforms import add_usage_ewma
@@ -335,6 +336,32 @@ def spark_run(
     return fields, first_seconds, analysis_seconds
 
 
+def _round(
+    spark: SparkSession | None, history: str, out: str, gen: GeneratedHistory, no_pandas: bool
+) -> dict[str, Any]:
+    """One round of a size: Spark's two runs and the pandas baseline right after, with
+    the load average seen (other work on the machine slows both)."""
+    fields: dict[str, Any] = {}
+    if spark is not None:
+        spark_fields, first_seconds, analysis_seconds = spark_run(
+            spark, history, out, gen.topic_rows
+        )
+        fields.update(spark_fields)
+    if not no_pandas:
+        gc.collect()
+        baseline = _forked(list(gen.files))
+        fields["pandas"] = baseline
+        if "seconds" in baseline:
+            fields["pandas_rows_per_second"] = round(gen.topic_rows / baseline["seconds"])
+        if "seconds" in baseline and spark is not None:
+            # > 1: Spark's whole first run (compaction included) is faster.
+            fields["pandas_over_spark_first_run"] = round(baseline["seconds"] / first_seconds, 2)
+            fields["pandas_over_spark_analysis"] = round(baseline["seconds"] / analysis_seconds, 2)
+        gc.collect()
+    fields["load_average_1m"] = round(os.getloadavg()[0], 2)
+    return fields
+
+
 # The tuning figure's history, full size and quick; and the grid whose first
 # `--tuning-configs` combinations are replayed.
 TUNING_SIZE = {"brokers": 100, "topics": 10_000, "hours": 1.0}
@@ -530,6 +557,13 @@ def main() -> None:
         help="the Spark driver's heap (the goal: the whole job with the driver under 2 GB RSS)",
     )
     parser.add_argument("--workdir", default=None, help="where to generate (default: a temp dir)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="rounds per size on the same history, each compacting again (with several: "
+        "each round's figures under `rounds`, the ratios their median)",
+    )
     parser.add_argument("--no-pandas", action="store_true", help="skip the pandas baseline")
     parser.add_argument(
         "--no-spark", action="store_true", help="skip Spark: generate and the pandas baseline"
@@ -590,26 +624,17 @@ def main() -> None:
                 "history_bytes": sum(os.path.getsize(f) for f in gen.files),
                 "generate_seconds": round(gen_seconds, 2),
             }
-            if spark is not None:
-                fields, first_seconds, analysis_seconds = spark_run(
-                    spark, history, out, gen.topic_rows
-                )
-                entry.update(fields)
-            if not args.no_pandas:
-                gc.collect()
-                baseline = _forked(list(gen.files))
-                entry["pandas"] = baseline
-                if "seconds" in baseline:
-                    entry["pandas_rows_per_second"] = round(gen.topic_rows / baseline["seconds"])
-                if "seconds" in baseline and spark is not None:
-                    # > 1: Spark's whole first run (compaction included) is faster.
-                    entry["pandas_over_spark_first_run"] = round(
-                        baseline["seconds"] / first_seconds, 2
-                    )
-                    entry["pandas_over_spark_analysis"] = round(
-                        baseline["seconds"] / analysis_seconds, 2
-                    )
-                gc.collect()
+            rounds = []
+            for _ in range(args.rounds):
+                # Each round starts from the JSON alone: its first run compacts again.
+                shutil.rmtree(os.path.join(history, "_columnar"), ignore_errors=True)
+                rounds.append(_round(spark, history, out, gen, args.no_pandas))
+            entry.update(rounds[-1])
+            if args.rounds > 1:
+                entry["rounds"] = rounds
+                for ratio in ("pandas_over_spark_first_run", "pandas_over_spark_analysis"):
+                    if ratio in rounds[0]:
+                        entry[ratio] = round(float(np.median([r[ratio] for r in rounds])), 2)
             results.append(entry)
             print(json.dumps(entry), file=sys.stderr, flush=True)
             shutil.rmtree(out, ignore_errors=True)

@@ -228,3 +228,22 @@ def test_small_windows_p95s_are_the_exact_ones_bit_for_bit(spark: SparkSession) 
     assert small.sum() == 22 and (~small).sum() == 2
     pd.testing.assert_frame_equal(exact[small], fast[small], check_exact=True)
     assert fast[~small][columns[2:]].isna().all().all()
+
+
+def test_small_windows_group_by_streams_over_the_windows_sorted_rows(
+    spark: SparkSession, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The session's settings let the topic windows' group-by reuse the order its window
+    sorted the rows in: a sort aggregate, no hash table (the cheaper plan at 10M rows)."""
+    reports = [
+        report("b1", START + 30 * i, topics=[TopicLoad("/ns/a", float(i), float(i))])
+        for i in range(12)
+    ]
+    frame = (
+        topic_rows(spark, reports)
+        .transform(transforms.with_window, W)
+        .transform(transforms.topic_window_report, brokers=["b1"], small_windows=True)
+    )
+    frame.explain()
+    plan = capsys.readouterr().out
+    assert "SortAggregate" in plan and "HashAggregate" not in plan
