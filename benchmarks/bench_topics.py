@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -287,6 +288,28 @@ async def all_opened(metrics_url: str, count: int, limit: float) -> float | None
     return None
 
 
+async def while_live(
+    live: LiveSends,
+    metrics_url: str,
+    moving: int,
+    limit: float,
+    act: Callable[[], Awaitable[object]],
+    hold: float,
+) -> tuple[float | None, dict[str, float]]:
+    """`act` (a drain, a kill) while `live` topics take sends: the seconds until the
+    receiving broker has opened `moving` topics more (None: not within `limit`), and the
+    live topics' pauses from `act` on."""
+    live.start()
+    await asyncio.sleep(hold)
+    began = time.perf_counter()
+    waiting = asyncio.create_task(all_opened(metrics_url, moving, limit))
+    await act()
+    seconds = await waiting
+    await asyncio.sleep(hold)
+    await live.stop()
+    return (None if seconds is None else round(seconds, 2)), pause_figures(live.pauses(began))
+
+
 async def drain(
     store: EtcdStore, live: LiveSends, source: str, moving: int, target_metrics: str, hold: float
 ) -> dict[str, Any]:
@@ -295,20 +318,10 @@ async def drain(
     live topic's longest pause. (`AdminClient.drain` writes one key; the admin CLI in a
     process of its own would add its start-up, a second of CPU on this machine's two
     cores, to the pauses measured.)"""
-    live.start()
-    await asyncio.sleep(hold)
-    began = time.perf_counter()
-    waiting = asyncio.create_task(all_opened(target_metrics, moving, 300.0))
-    await AdminClient(store).drain(source)
-    drained = await waiting
-    await asyncio.sleep(hold)
-    await live.stop()
-    return {
-        "topics": moving,
-        "live_topics": len(live.producers),
-        "drain_s": None if drained is None else round(drained, 2),
-        **pause_figures(live.pauses(began)),
-    }
+    drained, pauses = await while_live(
+        live, target_metrics, moving, 300.0, lambda: AdminClient(store).drain(source), hold
+    )
+    return {"topics": moving, "live_topics": len(live.producers), "drain_s": drained, **pauses}
 
 
 async def failover(
@@ -323,22 +336,19 @@ async def failover(
     """SIGKILL `dead` (its `moving` topics) while `live` topics take sends through a
     gateway: when the heir had opened them all (``served_s``, from the kill) and each
     live topic's pause."""
-    live.start()
-    await asyncio.sleep(hold)
-    killed = time.perf_counter()
-    waiting = asyncio.create_task(all_opened(heir_metrics, moving, ttl + 300.0))
-    more.brokers[dead].kill()
-    await more.brokers[dead].wait()
-    served = await waiting
-    await asyncio.sleep(hold)
-    await live.stop()
+
+    async def kill() -> None:
+        more.brokers[dead].kill()
+        await more.brokers[dead].wait()
+
+    served, pauses = await while_live(live, heir_metrics, moving, ttl + 300.0, kill, hold)
     return {
         "topics": moving,
         "live_topics": len(live.producers),
         "registration_ttl_s": ttl,
-        "served_s": None if served is None else round(served, 2),
+        "served_s": served,
         "failed_sends": live.failed,
-        **pause_figures(live.pauses(killed)),
+        **pauses,
     }
 
 
