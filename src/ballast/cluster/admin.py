@@ -10,6 +10,7 @@ The CLI (`ballast admin …`) is a thin wrapper over this class.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -349,8 +350,12 @@ class AdminClient:
 
     async def _not_registered(self, broker_id: str) -> AdminError:
         listing = await self.store.get_prefix(keys.REGISTER_PREFIX)
-        known = ", ".join(sorted(keys.parse_register_key(kv.key) for kv in listing.items))
-        return AdminError(f"broker {broker_id!r} is not registered (registered: {known or 'none'})")
+        known: list[str] = []
+        for kv in listing.items:
+            with contextlib.suppress(ValueError):  # a foreign key there names no broker
+                known.append(keys.parse_register_key(kv.key))
+        names = ", ".join(sorted(known)) or "none"
+        return AdminError(f"broker {broker_id!r} is not registered (registered: {names})")
 
     async def drain(self, broker_id: str, reason: str = "drained by admin") -> None:
         """Set a broker draining: the leader unloads its topics, then marks it drained."""
