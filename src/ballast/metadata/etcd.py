@@ -108,7 +108,6 @@ _CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
 # etcd refuses pings more often than every 5 s while a stream is open (its keepalive
 # enforcement policy answers GOAWAY "too_many_pings"), so the ping interval stays above it.
 ETCD_MIN_KEEPALIVE_SECONDS = 5.0
-DEFAULT_KEEPALIVE_SECONDS = 2.0  # raised to the minimum above
 DEFAULT_KEEPALIVE_TIMEOUT_SECONDS = 3.0
 
 
@@ -237,7 +236,7 @@ class EtcdStore(TxnHelpers):
         timeout: float = 10.0,
         connect_timeout: float = 2.0,
         page_size: int = DEFAULT_PAGE_SIZE,
-        keepalive: float = DEFAULT_KEEPALIVE_SECONDS,
+        keepalive: float = ETCD_MIN_KEEPALIVE_SECONDS,
         keepalive_timeout: float = DEFAULT_KEEPALIVE_TIMEOUT_SECONDS,
     ) -> None:
         self._targets, tls = parse_endpoints(endpoints)

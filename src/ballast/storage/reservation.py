@@ -501,8 +501,9 @@ async def commit_together(
             spilled.add(id(claim))
             alone.append(i)
             continue
-        carrying[id(claim)] = ([i], list(ops), written)
-        joined.append((carrying[id(claim)][0], carrying[id(claim)][1], state))
+        indices, along = [i], list(ops)
+        carrying[id(claim)] = (indices, along, written)
+        joined.append((indices, along, state))
     while joined:
         chunk: list[tuple[list[int], list[TxnOp], SealedState]] = []
         size = 0
