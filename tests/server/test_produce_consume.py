@@ -291,3 +291,33 @@ async def test_a_topic_created_by_another_producer_meanwhile_is_no_partitioned_c
     assert missed == [topic]
     assert sent_on.value.code() is grpc.StatusCode.UNAVAILABLE, sent_on.value.details()
     assert "not served by this broker" in (sent_on.value.details() or "")
+
+
+async def test_a_producer_for_a_topic_placed_here_but_not_yet_served_waits_for_it(
+    cluster: DataCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway carrying a producer hears of a move from the ownership record, often
+    before the new owner's own watch has the assignment: the new owner serves the producer
+    once the topic opens, rather than sending the gateway round again (UNAVAILABLE)."""
+    b1 = cluster.brokers["b1"]
+    topic = "/default/placed-here"
+    await AdminClient(cluster.store).create_topic(topic, hint=b1.broker_id)
+    assert await cluster.wait_served(topic) is b1
+    real_serving = b1.host.serving
+    missed: list[str] = []
+
+    async def not_yet(name: str) -> Any:
+        if name == topic and not missed:
+            missed.append(name)
+            return None  # asked before this broker saw its assignment
+        return await real_serving(name)
+
+    monkeypatch.setattr(b1.host, "serving", not_yet)
+    request = pb.ProducerRequest(
+        request_id=1, producer_name="p", topic_name=topic, dispatch_strategy=pb.NonReliable
+    )
+    async with grpc.aio.insecure_channel(b1.url) as channel:
+        answer = await pb_grpc.ProducerServiceStub(channel).CreateProducer(request, timeout=10)
+    assert missed == [topic]
+    assert answer.producer_name == "p"
+    assert "p" in b1.host.topics[topic].producers

@@ -30,6 +30,7 @@ from ballast.storage import (
 )
 from ballast.storage.objects import ObjectNotFoundError
 from ballast.storage.reservation import TopicClaim, commit_together
+from ballast.storage.uploader import Uploader
 from tests.etcd_fixtures import EtcdServer, etcd_server
 
 from .helpers import collect, eventually, make_topic, payload
@@ -126,6 +127,61 @@ async def test_merges_of_many_topics_share_objects_and_transactions(
             items = await collect(other.read(0, live=False))
             assert [(i.offset, i.record.payload) for i in items] == [
                 (o, payload(o)) for o in range(4)
+            ]
+
+
+async def test_one_topic_reads_for_a_merge_at_a_time_and_none_holds_its_sends_back(
+    tmp_path: Path, kw: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Merging reads objects: topics due together take turns (32 topics moved together,
+    each merging what it brought at once, held every send on the broker for 0.65 s). A
+    topic waiting for its turn keeps writing its sends, and is woken for its turn."""
+    config = dataclasses.replace(kw["config"], merge_objects=4)
+    kw = {**kw, "config": config}
+    stats = StorageStats()
+    stream = stream_for("a", kw, stats)
+    names = [f"/default/turns-{i}" for i in range(6)]
+    topics = [make_topic("a", tmp_path, **kw, topic=n, stats=stats, stream=stream) for n in names]
+    for topic in topics:
+        await topic.open()
+    for offset in range(3):  # three small objects each
+        await asyncio.gather(*(t.append(payload(offset)) for t in topics))
+    reading: set[TopicName] = set()
+    most = 0
+    gate = asyncio.Event()
+    records = Uploader._records
+
+    async def counted(self: Uploader, group: list[ObjectDescriptor]) -> list[Any]:
+        nonlocal most
+        reading.add(self.topic)
+        most = max(most, len(reading))
+        try:
+            await gate.wait()
+            return await records(self, group)
+        finally:
+            reading.discard(self.topic)
+
+    monkeypatch.setattr(Uploader, "_records", counted)
+    await asyncio.gather(*(t.append(payload(3)) for t in topics))  # the fourth: all due
+    await eventually(lambda: len(reading) == 1)
+    # One topic holds the turn (its own sends wait for its merge, as they always did);
+    # the others' sends are written and committed meanwhile.
+    others = [t for t, n in zip(topics, names, strict=True) if TopicName.parse(n) not in reading]
+    assert len(others) == len(topics) - 1
+    sent = asyncio.gather(*(t.append(payload(4)) for t in others))
+    assert await asyncio.wait_for(sent, 5) == [4] * len(others)
+    gate.set()
+    assert {await t.append(payload(4)) for t in topics if t not in others} == {4}
+    await eventually(lambda: stats.objects_merged >= 4 * len(topics))
+    assert most == 1
+    for topic in topics:
+        await topic.close()
+    await stream.close()
+    for name in names:
+        async with make_topic("b", tmp_path, **kw, topic=name) as other:
+            items = await collect(other.read(0, live=False))
+            assert [(i.offset, i.record.payload) for i in items] == [
+                (o, payload(o)) for o in range(5)
             ]
 
 

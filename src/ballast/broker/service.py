@@ -301,6 +301,13 @@ class DataPlaneService(
             raise not_served(f"topic {topic} is not served by this broker; redo the lookup")
         if strategy is not None:
             self._check_strategy(topic, meta.get(DISPATCH_KEY, NON_RELIABLE), strategy)
+        owner = await directory.owner(topic)
+        if owner is not None and owner.broker_id == self.broker_id:
+            # Placed here, and the client (a gateway carrying a producer) heard it first:
+            # serve it once this broker's watch has the assignment and the topic opened.
+            served = await self._placed_here(topic)
+            if served is not None:
+                return served
         raise not_served(f"topic {topic} is not served by this broker; redo the lookup")
 
     @rpc("SendMessage")

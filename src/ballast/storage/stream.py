@@ -45,6 +45,7 @@ from ballast.storage.objects import ObjectStore, ObjectStoreError, StoredObject
 from ballast.storage.pacing import WritePacer
 from ballast.storage.reservation import TopicClaim, commit_together
 from ballast.storage.stats import StorageStats
+from ballast.storage.turns import Turns
 
 __all__ = [
     "CommitStream",
@@ -163,6 +164,7 @@ class CommitStream:
         self._wake_writer = asyncio.Event()
         self._wake_committer = asyncio.Event()
         self._in_flight = asyncio.Semaphore(_WRITES_IN_FLIGHT)
+        self.merges = Turns()  # the topics' merges, one reading at a time
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._closed = False

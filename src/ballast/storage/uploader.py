@@ -72,6 +72,7 @@ from ballast.storage.seal import Gap, gap_end_after
 from ballast.storage.stats import StorageStats
 from ballast.storage.stream import CommitStream, object_name
 from ballast.storage.ticker import Ticker
+from ballast.storage.turns import Turns
 from ballast.storage.wal import OffsetUnavailableError, WalClosedError, WriteAheadLog
 
 __all__ = ["DurabilityTimeoutError", "UploadConflictError", "Uploader"]
@@ -186,6 +187,7 @@ class Uploader:
         self.stored_objects = len(catalog.objects) if catalog is not None else 0
         self.stored_bytes = catalog.size if catalog is not None else 0
         self._last_merge = clock.now()
+        self._merge_more = False  # small objects left after a turn's run
         self._last_retention = -math.inf
         # (delete after, object, its descriptor): merged or released objects, old indexes.
         self._garbage: deque[tuple[float, str, ObjectDescriptor | None]] = deque()
@@ -279,6 +281,8 @@ class Uploader:
         self._stopped = True
         self._notify()
         self._ticker.forget(self._wake)
+        if self._stream is not None:
+            self._stream.merges.forget(self._wake)
         if self._own_ticker:
             await self._ticker.close()
         await self._loops.stop(exc_type, exc, tb)
@@ -557,25 +561,41 @@ class Uploader:
     # -- merging small objects -------------------------------------------------------------
 
     async def _merge_due(self) -> None:
-        """Merge small objects when enough piled up or the interval passed."""
+        """Merge a run of small objects when enough piled up or the interval passed, one
+        run per turn: one topic of the broker reads for a merge at a time (`Turns`)."""
+        assert self._stream is not None  # merging is a claimed topic's
+        turns = self._stream.merges
         now = self._clock.now()
-        if len(self._small) >= self._config.merge_objects or (
-            len(self._small) > 1 and now - self._last_merge >= self._config.upload_interval_seconds
-        ):
-            self._last_merge = now
+        due = (
+            self._merge_more
+            or len(self._small) >= self._config.merge_objects
+            or (
+                len(self._small) > 1
+                and now - self._last_merge >= self._config.upload_interval_seconds
+            )
+        )
+        if not due:
+            turns.forget(self._wake)
+            return
+        if not turns.take(self._wake):
+            return  # woken for its turn; meanwhile this loop goes on writing the sends
+        self._last_merge = now
+        try:
             async with self._lock:
-                while len(self._small) > 1:
-                    if not await self._merge():
-                        break
-                    if self._wal.committed_offset > self._written:
-                        # Sends wait for their object: write it first, merge on next pass
-                        # (merging every small object a topic brought to its new owner
-                        # held its sends for 0.6 s when 32 moved together).
-                        self._wake.set()
-                        break
+                while len(self._small) > 1 and not await self._merge(turns):
+                    pass
+        finally:
+            turns.give_back(self._wake)
+        # More runs (a topic that moved brings hundreds of small objects): on its next
+        # turn, after the topics queued for one.
+        self._merge_more = len(self._small) > 1
+        if self._merge_more:
+            self._wake.set()
 
-    async def _merge(self) -> bool:
-        """Rewrite the first run of small objects into one; False if nothing was merged."""
+    async def _merge(self, turns: Turns) -> bool:
+        """Rewrite the first run of small objects into one; False if there was none to
+        merge with the first (it is dropped from the small ones), True once read (the
+        turn is then given back: the write and commit go with other topics')."""
         most = _MERGE_MAX_BUSY if self._wal.committed_offset > self._written else _MERGE_MAX
         group = [self._small[0]]
         size = group[0].size
@@ -590,9 +610,11 @@ class Uploader:
             size += descriptor.size
         if len(group) < 2:
             self._small.pop(0)  # nothing to merge it with (a gap follows, or it is big)
-            return bool(self._small)
+            return False
+        records = await self._records(group)
+        turns.give_back(self._wake)
         builder = ObjectBuilder(self._config.index_interval_bytes)
-        for record in await self._records(group):
+        for record in records:
             builder.add(record)
         start, end = group[0].start, group[-1].end
         if builder.start != start or builder.end != end or builder.count != end - start + 1:
@@ -600,30 +622,24 @@ class Uploader:
                 "%s: cannot merge %d..%d (records missing); left as is", self._name, start, end
             )
             del self._small[: len(group)]
-            return bool(self._small)
+            return True
         data = builder.finish()
         claim, stream = self._claim, self._stream
-        assert claim is not None
-        if stream is not None:
-            # Through the broker's stream, like the sends: the merges of many topics share
-            # objects and transactions (one each per topic grew with the topics: 1 000
-            # active topics committed 4x as often as 32).
-            merged = await self._retrying(
-                f"writing merged object {start}..{end}",
-                functools.partial(stream.write, self.topic, start, end, data),
-            )
-        else:
-            name = object_name(self.topic, start, end)
-            await self._retrying(
-                f"writing merged object {name}", lambda: self._objects.put(name, data)
-            )
-            merged = ObjectDescriptor(start, end, name, len(data), self._clock.now())
+        assert claim is not None and stream is not None
+        # Through the broker's stream, like the sends: the merges of many topics share
+        # objects and transactions (one each per topic grew with the topics: 1 000 active
+        # topics committed 4x as often as 32).
+        merged = await self._retrying(
+            f"writing merged object {start}..{end}",
+            functools.partial(stream.write, self.topic, start, end, data),
+        )
         ops: list[TxnOp] = [
             Put(keys.storage_object(self.topic, start), merged.to_dict()),
             *(Delete(keys.storage_object(self.topic, d.start)) for d in group[1:]),
         ]
-        commit = claim.commit if stream is None else functools.partial(stream.commit, claim)
-        await self._retrying(f"committing merged {start}..{end}", lambda: commit(ops))
+        await self._retrying(
+            f"committing merged {start}..{end}", functools.partial(stream.commit, claim, ops)
+        )
         del self._small[: len(group)]
         self._keys -= len(group) - 1
         self.stored_objects -= len(group) - 1
