@@ -52,6 +52,9 @@ class CoreStore(TxnHelpers):
     async def get(self, key: str) -> KeyValue | None:
         return self._open().get(key)
 
+    async def get_many(self, keys: Sequence[str]) -> list[KeyValue | None]:
+        return self._open().get_many(keys)
+
     async def get_prefix(self, prefix: str) -> Listing:
         return self._open().get_prefix(prefix)
 

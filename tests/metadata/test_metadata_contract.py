@@ -88,6 +88,26 @@ async def test_get_on_non_json_value_names_the_key(store: Store, prefix: str) ->
     assert info.value.key == prefix + "raw"
 
 
+async def test_get_many_reads_each_key_or_none_in_order(store: Store, prefix: str) -> None:
+    first = await store.put(prefix + "a", 1)
+    await store.put(prefix + "c", {"c": 3})
+    found = await store.get_many([prefix + "c", prefix + "b", prefix + "a"])
+    assert [kv.value if kv else None for kv in found] == [{"c": 3}, None, 1]
+    assert found[2] is not None and found[2].mod_revision == first
+    assert await store.get_many([]) == []
+
+
+async def test_get_many_names_a_non_json_value_and_refuses_too_many_keys(
+    store: Store, prefix: str
+) -> None:
+    await store.put_raw(prefix + "raw", b"\x00not json")
+    with pytest.raises(ValueDecodeError, match=prefix + "raw"):
+        await store.get_many([prefix + "ok", prefix + "raw"])
+    with pytest.raises(MetadataError, match="129 keys in one read: at most 128"):
+        await store.get_many([f"{prefix}k{i}" for i in range(129)])
+    assert len(await store.get_many([f"{prefix}k{i}" for i in range(128)])) == 128
+
+
 # -- prefixes ----------------------------------------------------------------------------------
 
 

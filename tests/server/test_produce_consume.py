@@ -272,16 +272,17 @@ async def test_a_topic_created_by_another_producer_meanwhile_is_no_partitioned_c
     assert await cluster.wait_served(topic) is b2
     b1 = cluster.brokers["b1"]
     directory = b1.host.directory
-    real_meta = directory.meta
+    real_meta = directory.meta_in_namespace
     missed: list[str] = []
 
     async def meta_missing_the_concurrent_create(name: Any) -> Any:
+        meta, namespace = await real_meta(name)
         if str(name) == topic and not missed:
             missed.append(topic)
-            return None  # read before the other producer's create landed
-        return await real_meta(name)
+            return None, namespace  # read before the other producer's create landed
+        return meta, namespace
 
-    monkeypatch.setattr(directory, "meta", meta_missing_the_concurrent_create)
+    monkeypatch.setattr(directory, "meta_in_namespace", meta_missing_the_concurrent_create)
     request = pb.ProducerRequest(
         request_id=1, producer_name="p", topic_name=topic, dispatch_strategy=pb.NonReliable
     )

@@ -133,10 +133,10 @@ class DataPlaneService(
         served = self.host.topics.get(str(topic))
         if served is not None and served.accepting:
             return self._lookup_answer(request, CONNECT, self.broker_url)
-        directory = self.host.directory
-        owner = await directory.owner(topic)
+        where = await self.host.directory.whereabouts(topic)
+        owner = where.owner
         if owner is None:
-            if await directory.meta(topic) is None and await directory.marker(topic) is None:
+            if not where.exists:
                 raise RpcFailure(
                     grpc.StatusCode.NOT_FOUND,
                     f"topic {topic} does not exist (a producer creates it)",
@@ -251,9 +251,9 @@ class DataPlaneService(
         """Answer for a topic this broker does not serve: create it (and serve it, if it
         is placed here at once), or send the client on (raises UNAVAILABLE)."""
         directory = self.host.directory
-        meta = await directory.meta(topic)
+        meta, namespace_exists = await directory.meta_in_namespace(topic)
         if meta is None:
-            if not await directory.namespace_exists(topic.namespace):
+            if not namespace_exists:
                 raise RpcFailure(
                     grpc.StatusCode.NOT_FOUND,
                     f"namespace {topic.namespace!r} does not exist "
@@ -281,7 +281,7 @@ class DataPlaneService(
                 count = await self.quotas.topic_count(topic.namespace)
                 over_quota(topic.namespace, "topics", count, quotas.max_topics)
             is_partition = partition_index(topic.name.rsplit("-part-", 1)[0], topic.name)
-            found = [] if is_partition is not None else await directory.partitions(topic)
+            found = [] if is_partition is not None else await directory.partitions_of(topic)
             if found and found != [str(topic)]:
                 raise RpcFailure(
                     grpc.StatusCode.ALREADY_EXISTS,

@@ -37,6 +37,20 @@ def check_key(key: str) -> bytes:
     return key.encode("utf-8")
 
 
+# etcd's default --max-txn-ops: operations in one transaction (reads included).
+MAX_TXN_OPS = 128
+
+
+def check_keys(keys: Sequence[str]) -> list[bytes]:
+    """Validate the keys of one read (each as `check_key`; at most `MAX_TXN_OPS`)."""
+    if len(keys) > MAX_TXN_OPS:
+        raise MetadataError(
+            f"{len(keys)} keys in one read: at most {MAX_TXN_OPS} (etcd's operations per "
+            "transaction)"
+        )
+    return [check_key(key) for key in keys]
+
+
 def check_prefix(prefix: str) -> bytes:
     """Validate a prefix (non-empty str: an empty prefix would address the whole store)."""
     if not isinstance(prefix, str) or not prefix:

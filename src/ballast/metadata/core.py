@@ -129,6 +129,11 @@ class StoreCore:
         entry = self._kvs.get(key)
         return None if entry is None else self._key_value(key, entry)
 
+    def get_many(self, keys: Sequence[str]) -> list[KeyValue | None]:
+        """Each key or None, at one revision (see `MetadataStore.get_many`)."""
+        _codec.check_keys(keys)
+        return [self.get(key) for key in keys]
+
     def get_prefix(self, prefix: str) -> Listing:
         """Every key starting with `prefix`, sorted by key, at the current revision."""
         _codec.check_prefix(prefix)

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ballast.clock import Clock
-from ballast.metadata import Compare, MetadataStore, Put, keys
+from ballast.metadata import Compare, KeyValue, MetadataStore, Put, keys
 from ballast.metadata.records import Registration, parse_owner_value
 from ballast.model import MarkerReason, ModelError, TopicName, UnassignedMarker
 
-__all__ = ["DEFAULT_NAMESPACE", "Directory", "Owner", "partition_index"]
+__all__ = ["DEFAULT_NAMESPACE", "Directory", "Owner", "Whereabouts", "partition_index"]
 
 DEFAULT_NAMESPACE = "default"
 _PARTITION = re.compile(r"^(?P<base>.+)-part-(?P<index>\d+)$")
@@ -30,12 +30,27 @@ def partition_index(base: str, name: str) -> int | None:
     return int(match.group("index"))
 
 
+def _meta_value(kv: KeyValue | None) -> dict[str, Any] | None:
+    if kv is None:
+        return None
+    return dict(kv.value) if isinstance(kv.value, dict) else {}
+
+
 @dataclass(frozen=True)
 class Owner:
     """The broker a topic is assigned to, and where clients reach it."""
 
     broker_id: str
     broker_url: str
+
+
+@dataclass(frozen=True)
+class Whereabouts:
+    """What a lookup reads about a topic: its registered owner, and whether it exists
+    (metadata, or a marker waiting for an owner)."""
+
+    owner: Owner | None
+    exists: bool
 
 
 class Directory:
@@ -54,7 +69,17 @@ class Directory:
         leader fails the topic over; its registration is gone by then, so it is no answer.
         A record or registration that does not decode is no answer either.
         """
-        record = await self.store.get(keys.topic_owner(topic))
+        return await self._registered(await self.store.get(keys.topic_owner(topic)))
+
+    async def whereabouts(self, topic: TopicName) -> Whereabouts:
+        """The topic's owner, and whether it exists: its ownership record, metadata and
+        unassigned marker in one read (a new topic's lookup finds none of them)."""
+        record, meta, marker = await self.store.get_many(
+            [keys.topic_owner(topic), keys.topic_meta(topic), keys.unassigned(topic)]
+        )
+        return Whereabouts(await self._registered(record), meta is not None or marker is not None)
+
+    async def _registered(self, record: KeyValue | None) -> Owner | None:
         if record is None:
             return None
         try:
@@ -69,10 +94,7 @@ class Directory:
 
     async def meta(self, topic: TopicName) -> dict[str, Any] | None:
         """The topic's metadata (a JSON object), or None if the topic does not exist."""
-        kv = await self.store.get(keys.topic_meta(topic))
-        if kv is None:
-            return None
-        return dict(kv.value) if isinstance(kv.value, dict) else {}
+        return _meta_value(await self.store.get(keys.topic_meta(topic)))
 
     async def marker(self, topic: TopicName) -> UnassignedMarker | None:
         """The topic's unassigned marker (it is waiting for an owner), if any."""
@@ -88,6 +110,10 @@ class Directory:
         """`[base]` for a plain topic, its ``-part-N`` topics for a partitioned one, or []."""
         if await self.meta(base) is not None:
             return [str(base)]
+        return await self.partitions_of(base)
+
+    async def partitions_of(self, base: TopicName) -> list[str]:
+        """The ``-part-N`` topics of `base` (a partitioned topic's; [] for any other)."""
         # Only the keys of this topic's partitions (not the namespace's: with thousands of
         # topics, every new topic's first producer listed them all).
         listing = await self.store.get_prefix(keys.partitions_prefix(base))
@@ -107,6 +133,13 @@ class Directory:
     async def namespace_exists(self, namespace: str) -> bool:
         """Whether the namespace was created (``default`` always is, at broker start)."""
         return await self.store.get(keys.namespace(namespace)) is not None
+
+    async def meta_in_namespace(self, topic: TopicName) -> tuple[dict[str, Any] | None, bool]:
+        """`meta(topic)` and `namespace_exists` of its namespace, in one read."""
+        meta, namespace = await self.store.get_many(
+            [keys.topic_meta(topic), keys.namespace(topic.namespace)]
+        )
+        return _meta_value(meta), namespace is not None
 
     async def ensure_namespace(self, namespace: str) -> bool:
         """Create the namespace if absent; True if this call created it."""

@@ -532,6 +532,24 @@ class EtcdStore(TxnHelpers):
         resp = await self._call(f"get {key!r}", invoke, retry_after_send=True)
         return _key_value(resp.kvs[0]) if resp.kvs else None
 
+    async def get_many(self, keys: Sequence[str]) -> list[KeyValue | None]:
+        """Each key or None: one read-only transaction of range requests."""
+        request = rpc.TxnRequest(
+            success=[
+                rpc.RequestOp(request_range=rpc.RangeRequest(key=key))
+                for key in _codec.check_keys(keys)
+            ]
+        )
+
+        async def invoke(conn: _Connection, timeout: float) -> Any:
+            return await conn.kv.Txn(request, timeout=timeout, metadata=conn.metadata)
+
+        resp = await self._call(f"get {list(keys)!r}", invoke, retry_after_send=True)
+        return [
+            _key_value(r.response_range.kvs[0]) if r.response_range.kvs else None
+            for r in resp.responses
+        ]
+
     async def get_prefix(self, prefix: str) -> Listing:
         """Every key under `prefix`, read page by page at one revision."""
         prefix_b = _codec.check_prefix(prefix)

@@ -111,6 +111,11 @@ class MemoryStore(TxnHelpers):
         self._check_open()
         return self.core.get(key)
 
+    async def get_many(self, keys: Sequence[str]) -> list[KeyValue | None]:
+        """Each key or None, at the current revision."""
+        self._check_open()
+        return self.core.get_many(keys)
+
     async def get_prefix(self, prefix: str) -> Listing:
         """Every key starting with `prefix`, sorted by key, at the current revision."""
         self._check_open()
