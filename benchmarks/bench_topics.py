@@ -290,6 +290,7 @@ async def all_opened(metrics_url: str, count: int, limit: float) -> float | None
 
 async def while_live(
     live: LiveSends,
+    receiver: psutil.Process,
     metrics_url: str,
     moving: int,
     limit: float,
@@ -297,21 +298,33 @@ async def while_live(
     hold: float,
 ) -> tuple[float | None, dict[str, float]]:
     """`act` (a drain, a kill) while `live` topics take sends: the seconds until the
-    receiving broker has opened `moving` topics more (None: not within `limit`), and the
-    live topics' pauses from `act` on."""
+    `receiver` broker has opened `moving` topics more (None: not within `limit`); the live
+    topics' pauses from `act` on, and the receiver's CPU per topic meanwhile."""
     live.start()
     await asyncio.sleep(hold)
     began = time.perf_counter()
+    cpu = sum(receiver.cpu_times()[:2])
     waiting = asyncio.create_task(all_opened(metrics_url, moving, limit))
     await act()
     seconds = await waiting
+    cpu = sum(receiver.cpu_times()[:2]) - cpu
     await asyncio.sleep(hold)
     await live.stop()
-    return (None if seconds is None else round(seconds, 2)), pause_figures(live.pauses(began))
+    figures = {
+        **pause_figures(live.pauses(began)),
+        "receiver_cpu_ms_per_topic": round(cpu * 1000 / max(moving, 1), 2),
+    }
+    return (None if seconds is None else round(seconds, 2)), figures
 
 
 async def drain(
-    store: EtcdStore, live: LiveSends, source: str, moving: int, target_metrics: str, hold: float
+    store: EtcdStore,
+    live: LiveSends,
+    source: str,
+    moving: int,
+    target: psutil.Process,
+    target_metrics: str,
+    hold: float,
 ) -> dict[str, Any]:
     """Drain `source` (its `moving` topics) onto the other broker while `live` topics take
     sends through a gateway: the time until the other broker serves them all, and each
@@ -319,7 +332,7 @@ async def drain(
     process of its own would add its start-up, a second of CPU on this machine's two
     cores, to the pauses measured.)"""
     drained, pauses = await while_live(
-        live, target_metrics, moving, 300.0, lambda: AdminClient(store).drain(source), hold
+        live, target, target_metrics, moving, 300.0, lambda: AdminClient(store).drain(source), hold
     )
     return {"topics": moving, "live_topics": len(live.producers), "drain_s": drained, **pauses}
 
@@ -329,19 +342,21 @@ async def failover(
     live: LiveSends,
     dead: str,
     moving: int,
+    heir_id: str,
     heir_metrics: str,
     ttl: float,
     hold: float,
 ) -> dict[str, Any]:
     """SIGKILL `dead` (its `moving` topics) while `live` topics take sends through a
-    gateway: when the heir had opened them all (``served_s``, from the kill) and each
-    live topic's pause."""
+    gateway: when the heir `heir_id` had opened them all (``served_s``, from the kill) and
+    each live topic's pause."""
 
     async def kill() -> None:
         more.brokers[dead].kill()
         await more.brokers[dead].wait()
 
-    served, pauses = await while_live(live, heir_metrics, moving, ttl + 300.0, kill, hold)
+    heir = psutil.Process(more.brokers[heir_id].pid)
+    served, pauses = await while_live(live, heir, heir_metrics, moving, ttl + 300.0, kill, hold)
     return {
         "topics": moving,
         "live_topics": len(live.producers),
@@ -377,12 +392,15 @@ async def moves(
         gateway = await more.start_gateway(dataplane.write_config(tmp / "gateway.yaml", storage))
         live = await LiveSends.create(gateway, live_topics)
         moving = len((await admin.view()).topics_of("topics-1"))
-        out["drain"] = await drain(store, live, "topics-1", moving, metrics["topics-2"], hold)
+        target = psutil.Process(more.brokers["topics-2"].pid)
+        out["drain"] = await drain(
+            store, live, "topics-1", moving, target, metrics["topics-2"], hold
+        )
         more.config = configs["topics-3"]
         await more.start_broker("topics-3")
         moving = len((await admin.view()).topics_of("topics-2"))
         out["failover"] = await failover(
-            more, live, "topics-2", moving, metrics["topics-3"], ttl, hold
+            more, live, "topics-2", moving, "topics-3", metrics["topics-3"], ttl, hold
         )
     finally:
         await more.close()

@@ -29,7 +29,7 @@ from ballast.storage import (
     load_catalog,
 )
 from ballast.storage.objects import ObjectNotFoundError
-from ballast.storage.reservation import TopicClaim, commit_together
+from ballast.storage.reservation import TopicClaim, claim_together, commit_together
 from ballast.storage.uploader import Uploader
 from tests.etcd_fixtures import EtcdServer, etcd_server
 
@@ -345,3 +345,60 @@ async def test_a_sweep_deletes_old_shared_objects_no_topic_refers_to(
     assert [o.name for o in await object_store.list("_streams/a/")] == [shared[0]]
     assert await object_store.list("_streams/nobody/") == []
     await after.close()
+
+
+async def test_claim_together_splits_under_etcds_limits_and_a_fenced_topic_fails_alone(
+    etcd_server: EtcdServer, clock: FakeClock
+) -> None:
+    """Topics opened together (a failover opens thousands) claim in few transactions; one
+    whose state changed meanwhile (another broker is taking it) fails alone."""
+    run = uuid.uuid4().hex[:8]
+    async with EtcdStore(etcd_server.client_url) as store:
+        names = [TopicName.parse(f"/claims{run}/t{i}") for i in range(130)]
+        await store.put(keys.storage_state(names[70]), {"taken": "meanwhile"})
+        calls = 0
+        txn = store.txn
+
+        async def counted(*args: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            return await txn(*args)
+
+        store.txn = counted  # type: ignore[method-assign]
+        claims = [TopicClaim(n, store, broker_id="a", clock=clock) for n in names]
+        state = SealedState(False, -1, "a", clock.now(), reserved_through=1000)
+        results = await claim_together(store, [(c, 0, state) for c in claims])
+        assert [i for i, r in enumerate(results) if r is not None] == [70]
+        assert isinstance(results[70], TopicFencedError)
+        # Two transactions of 60 and one of 10, then the 60 of the fenced one alone.
+        assert calls == 3 + 60
+        states = await store.get_prefix(f"/storage/topics/claims{run}/")
+        assert len(states.items) == 130
+        # The claims that held are at their revision: their next commit holds.
+        assert await commit_together(store, [(claims[0], []), (claims[129], [])]) == [None, None]
+
+
+async def test_topics_opened_together_claim_together(
+    tmp_path: Path, kw: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stats = StorageStats()
+    stream = stream_for("a", kw, stats)
+    calls = 0
+    txn = kw["metadata"].txn
+
+    async def counted(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return await txn(*args)
+
+    monkeypatch.setattr(kw["metadata"], "txn", counted)
+    topics = [
+        make_topic("a", tmp_path, **kw, topic=f"/default/opened-{i}", stats=stats, stream=stream)
+        for i in range(20)
+    ]
+    await asyncio.gather(*(t.open() for t in topics))
+    assert calls <= 3  # the first claim alone, then the others together (not 20)
+    assert await asyncio.gather(*(t.append(payload(0)) for t in topics)) == [0] * 20
+    for topic in topics:
+        await topic.close()
+    await stream.close()

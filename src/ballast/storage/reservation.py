@@ -159,21 +159,30 @@ class TopicClaim:
 
     async def claim(self, expected_revision: int, state: SealedState) -> None:
         """Write the owner's unsealed record if the key is still at `expected_revision`."""
-        if state.sealed or state.reserved_through is None:
-            raise ValueError(f"{self._name}: a claim is unsealed and has a reservation")
+        compares, ops = self._claim_txn(expected_revision, state)
         async with self._lock:
             # If this fails but got through, whoever opens next continues after it: safe.
-            txn = await self._metadata.txn(
-                [Compare.mod_revision_equals(self.key, expected_revision)],
-                [Put(self.key, state.to_dict())],
-            )
+            txn = await self._metadata.txn(compares, ops)
             if not txn.succeeded:
                 raise TopicFencedError(
                     f"{self.topic}: the storage state changed while opening; another broker "
                     "is taking the topic over"
                 )
-            self._state, self._revision = state, txn.revision
-            self._limit = state.reserved_through
+            self._claimed(state, txn.revision)
+
+    def _claim_txn(
+        self, expected_revision: int, state: SealedState
+    ) -> tuple[list[Compare], list[TxnOp]]:
+        if state.sealed or state.reserved_through is None:
+            raise ValueError(f"{self._name}: a claim is unsealed and has a reservation")
+        return [Compare.mod_revision_equals(self.key, expected_revision)], [
+            Put(self.key, state.to_dict())
+        ]
+
+    def _claimed(self, state: SealedState, revision: int) -> None:
+        assert state.reserved_through is not None  # `_claim_txn` checked it
+        self._state, self._revision = state, revision
+        self._limit = state.reserved_through
 
     async def ensure(self, last_offset: int) -> None:
         """Return once offsets up to `last_offset` are reserved; extend if needed.
@@ -456,6 +465,43 @@ def _keys_of(ops: Sequence[TxnOp]) -> set[str] | None:
     if any(isinstance(op, Delete) and op.prefix for op in ops):
         return None
     return {op.key for op in ops}
+
+
+async def claim_together(
+    metadata: MetadataStore,
+    claims: Sequence[tuple[TopicClaim, int, SealedState]],
+) -> list[BaseException | None]:
+    """`TopicClaim.claim` of topics opened together, in as few transactions as etcd
+    allows (a failover opens thousands). When a transaction's compares fail (a topic is
+    being taken over meanwhile), its topics claim one by one, so that one fails alone.
+    Returns, per claim, None or the exception it failed with."""
+    results: list[BaseException | None] = [None] * len(claims)
+    per_txn = _TXN_OPS // 2  # a compare and a put each
+    for first in range(0, len(claims), per_txn):
+        chunk = claims[first : first + per_txn]
+        compares: list[Compare] = []
+        ops: list[TxnOp] = []
+        try:
+            for claim, revision, state in chunk:
+                guard, write = claim._claim_txn(revision, state)
+                compares += guard
+                ops += write
+            txn = await metadata.txn(compares, ops)
+        except Exception as exc:  # claiming again is safe: the next open continues after
+            results[first : first + len(chunk)] = [exc] * len(chunk)
+            continue
+        if txn.succeeded:
+            for claim, _, state in chunk:
+                claim._claimed(state, txn.revision)
+            continue
+        alone = await asyncio.gather(
+            *(claim.claim(revision, state) for claim, revision, state in chunk),
+            return_exceptions=True,
+        )
+        for i, outcome in enumerate(alone):
+            if isinstance(outcome, BaseException):
+                results[first + i] = outcome
+    return results
 
 
 async def commit_together(

@@ -43,7 +43,8 @@ from ballast.storage.catalog import ObjectDescriptor, load_catalog
 from ballast.storage.config import StorageConfig
 from ballast.storage.objects import ObjectStore, ObjectStoreError, StoredObject
 from ballast.storage.pacing import WritePacer
-from ballast.storage.reservation import TopicClaim, commit_together
+from ballast.storage.reservation import TopicClaim, claim_together, commit_together
+from ballast.storage.seal import SealedState
 from ballast.storage.stats import StorageStats
 from ballast.storage.turns import Turns
 
@@ -134,6 +135,14 @@ class _Commit:
     done: asyncio.Future[None]
 
 
+@dataclass(frozen=True)
+class _Claim:
+    claim: TopicClaim
+    expected_revision: int
+    state: SealedState
+    done: asyncio.Future[None]
+
+
 class CommitStream:
     """The broker's group commit of objects and descriptors across topics.
 
@@ -161,8 +170,10 @@ class CommitStream:
         self._pacer = pacer or WritePacer(self._config.max_object_writes_per_second)
         self._parts: list[_Part] = []
         self._commits: list[_Commit] = []
+        self._claims: list[_Claim] = []
         self._wake_writer = asyncio.Event()
         self._wake_committer = asyncio.Event()
+        self._wake_claimer = asyncio.Event()
         self._in_flight = asyncio.Semaphore(_WRITES_IN_FLIGHT)
         self.merges = Turns()  # the topics' merges, one reading at a time
         self._tasks: set[asyncio.Task[None]] = set()
@@ -190,6 +201,15 @@ class CommitStream:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._commits.append(_Commit(claim, ops, done))
         self._wake_committer.set()
+        await done
+
+    async def claim(self, claim: TopicClaim, expected_revision: int, state: SealedState) -> None:
+        """`claim.claim(expected_revision, state)` in the next shared transaction: the
+        topics a broker opens together (a failover, a drain) claim together."""
+        self._running()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._claims.append(_Claim(claim, expected_revision, state, done))
+        self._wake_claimer.set()
         await done
 
     async def release(self, topic: TopicName, descriptor: ObjectDescriptor) -> None:
@@ -263,6 +283,7 @@ class CommitStream:
             self._loops = [
                 loop.create_task(self._writer(), name=f"stream/{self._broker_id}/writer"),
                 loop.create_task(self._committer(), name=f"stream/{self._broker_id}/committer"),
+                loop.create_task(self._claimer(), name=f"stream/{self._broker_id}/claimer"),
                 loop.create_task(self._sweeper(), name=f"stream/{self._broker_id}/sweeper"),
             ]
 
@@ -275,12 +296,14 @@ class CommitStream:
         waiting: list[asyncio.Future[Any]] = [
             *(part.done for part in self._parts),
             *(commit.done for commit in self._commits),
+            *(claim.done for claim in self._claims),
         ]
         for done in waiting:
             if not done.done():
                 done.set_exception(failure)
         self._parts.clear()
         self._commits.clear()
+        self._claims.clear()
 
     # -- loops -----------------------------------------------------------------------------
 
@@ -348,6 +371,27 @@ class CommitStream:
                     part.done.set_exception(exc)
         finally:
             self._in_flight.release()
+
+    async def _claimer(self) -> None:
+        while True:
+            await self._wake_claimer.wait()
+            self._wake_claimer.clear()
+            while self._claims:
+                claims, self._claims = self._claims, []
+                try:
+                    results = await claim_together(
+                        self._metadata, [(c.claim, c.expected_revision, c.state) for c in claims]
+                    )
+                except Exception as exc:  # a bug here must not stop every topic's opening
+                    log.exception("the commit stream's claim failed: %s", exc)
+                    results = [exc] * len(claims)
+                for request, result in zip(claims, results, strict=True):
+                    if request.done.done():
+                        continue
+                    if result is None:
+                        request.done.set_result(None)
+                    else:
+                        request.done.set_exception(result)
 
     async def _committer(self) -> None:
         while True:

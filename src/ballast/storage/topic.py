@@ -307,8 +307,15 @@ class ReliableTopic:
             reserved_through=reserved,
             gaps=gaps,
         )
-        # The first segment is created while the claim is written (both on a move's path).
-        await both(claim.claim(kv.mod_revision if kv else 0, owner_record), wal.start_segment())
+        # The first segment is created while the claim is written (both on a move's path);
+        # a broker's topics opened together claim together, through its stream.
+        revision = kv.mod_revision if kv else 0
+        claiming = (
+            claim.claim(revision, owner_record)
+            if self._stream is None
+            else self._stream.claim(claim, revision, owner_record)
+        )
+        await both(claiming, wal.start_segment())
         wal.set_reserver(claim)
         stream = self._stream
         if stream is None:  # a topic of its own (tests, tools): its own stream
