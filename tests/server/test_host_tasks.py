@@ -158,6 +158,7 @@ async def test_many_openings_queue_and_a_topic_a_client_asks_for_opens_first(
         for name in names:
             await host.load(name, None)
         assert set(host._opening) == set(names[:2])  # the others wait their turn
+        await eventually(lambda: bool(store.reads))  # their reads are on their way
 
         # A client asks for the last one: its opening starts at once (its reads, alone,
         # are let through).

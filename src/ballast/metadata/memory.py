@@ -16,6 +16,7 @@ from typing import Any
 
 from ballast.aio import cancel_and_wait
 from ballast.clock import Clock, SystemClock
+from ballast.metadata import _codec
 from ballast.metadata.core import DEFAULT_HISTORY_LIMIT, LogEvent, StoreCore
 from ballast.metadata.store import (
     CompactedError,
@@ -112,9 +113,10 @@ class MemoryStore(TxnHelpers):
         return self.core.get(key)
 
     async def get_many(self, keys: Sequence[str]) -> list[KeyValue | None]:
-        """Each key or None, at the current revision."""
-        self._check_open()
-        return self.core.get_many(keys)
+        """Each key or None, at the current revision: `get` of each (nothing runs between
+        them), so that a store built on this one changes reads in one place."""
+        _codec.check_keys(keys)
+        return [await self.get(key) for key in keys]
 
     async def get_prefix(self, prefix: str) -> Listing:
         """Every key starting with `prefix`, sorted by key, at the current revision."""
