@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +158,6 @@ async def test_many_openings_queue_and_a_topic_a_client_asks_for_opens_first(
         for name in names:
             await host.load(name, None)
         assert set(host._opening) == set(names[:2])  # the others wait their turn
-        await eventually(lambda: bool(store.reads))  # their reads are on their way
 
         # A client asks for the last one: its opening starts at once (its reads, alone,
         # are let through).
@@ -323,32 +322,3 @@ async def test_metrics_scraped_from_another_thread_while_topics_open(tmp_path: P
         scraper.join()
         await host.stop()
     assert not failures, failures
-
-
-async def test_topics_opened_together_read_their_metadata_together(tmp_path: Path) -> None:
-    """A broker that inherits many topics (a failover) reads their metadata in a few round
-    trips, not one each (`BatchedReads`)."""
-
-    class Counting(MemoryStore):
-        def __init__(self) -> None:
-            super().__init__()
-            self.meta_batches: list[int] = []
-
-        async def get_many(self, keys_: Sequence[str]) -> list[KeyValue | None]:
-            metas = [k for k in keys_ if keys.is_topic_meta_key(k)]
-            if metas:
-                self.meta_batches.append(len(metas))
-            return await super().get_many(keys_)
-
-    store = Counting()
-    host = DataPlaneHost("b1", store, FakeClock(), data_config(tmp_path))
-    await host.start()
-    names = [f"/default/inherited-{i}" for i in range(40)]
-    try:
-        for name in names:
-            await host.load(name, None)
-        await eventually(lambda: set(host.topics) == set(names))
-        assert sum(store.meta_batches) == 40
-        assert len(store.meta_batches) <= 4
-    finally:
-        await host.stop()

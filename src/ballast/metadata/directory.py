@@ -2,20 +2,17 @@
 
 Every broker answers lookups for every topic from here, not from what it serves itself,
 so a client that lands on any broker is sent to the owner. Queries go to the store each
-time (lookups are rare: one per producer or consumer (re)creation), the point reads of
-concurrent callers together (`BatchedReads`).
+time (lookups are rare: one per producer or consumer (re)creation).
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from ballast.clock import Clock
 from ballast.metadata import Compare, KeyValue, MetadataStore, Put, keys
-from ballast.metadata.batched import BatchedReads
 from ballast.metadata.records import Registration, parse_owner_value
 from ballast.model import MarkerReason, ModelError, TopicName, UnassignedMarker
 
@@ -61,9 +58,6 @@ class Directory:
 
     def __init__(self, store: MetadataStore, clock: Clock) -> None:
         self.store = store
-        # Every point read goes with the other callers' of the moment: a broker answers
-        # many lookups and opens many topics at once.
-        self._reads = BatchedReads(store)
         self.clock = clock
 
     async def owner(self, topic: TopicName) -> Owner | None:
@@ -75,16 +69,13 @@ class Directory:
         leader fails the topic over; its registration is gone by then, so it is no answer.
         A record or registration that does not decode is no answer either.
         """
-        return await self._registered(await self._reads.get(keys.topic_owner(topic)))
+        return await self._registered(await self.store.get(keys.topic_owner(topic)))
 
     async def whereabouts(self, topic: TopicName) -> Whereabouts:
         """The topic's owner, and whether it exists: its ownership record, metadata and
-        unassigned marker in one round trip (a new topic's lookup finds none of them)."""
-        record, meta, marker = await asyncio.gather(
-            *map(
-                self._reads.get,
-                (keys.topic_owner(topic), keys.topic_meta(topic), keys.unassigned(topic)),
-            )
+        unassigned marker in one read (a new topic's lookup finds none of them)."""
+        record, meta, marker = await self.store.get_many(
+            [keys.topic_owner(topic), keys.topic_meta(topic), keys.unassigned(topic)]
         )
         return Whereabouts(await self._registered(record), meta is not None or marker is not None)
 
@@ -93,7 +84,7 @@ class Directory:
             return None
         try:
             broker = parse_owner_value(record.value)
-            registered = await self._reads.get(keys.register(broker))
+            registered = await self.store.get(keys.register(broker))
             if registered is None:
                 return None
             url = Registration.from_dict(registered.value).broker_url
@@ -103,11 +94,11 @@ class Directory:
 
     async def meta(self, topic: TopicName) -> dict[str, Any] | None:
         """The topic's metadata (a JSON object), or None if the topic does not exist."""
-        return _meta_value(await self._reads.get(keys.topic_meta(topic)))
+        return _meta_value(await self.store.get(keys.topic_meta(topic)))
 
     async def marker(self, topic: TopicName) -> UnassignedMarker | None:
         """The topic's unassigned marker (it is waiting for an owner), if any."""
-        kv = await self._reads.get(keys.unassigned(topic))
+        kv = await self.store.get(keys.unassigned(topic))
         if kv is None:
             return None
         try:
@@ -141,13 +132,12 @@ class Directory:
 
     async def namespace_exists(self, namespace: str) -> bool:
         """Whether the namespace was created (``default`` always is, at broker start)."""
-        return await self._reads.get(keys.namespace(namespace)) is not None
+        return await self.store.get(keys.namespace(namespace)) is not None
 
     async def meta_in_namespace(self, topic: TopicName) -> tuple[dict[str, Any] | None, bool]:
-        """`meta(topic)` and `namespace_exists` of its namespace, in one round trip."""
-        meta, namespace = await asyncio.gather(
-            self._reads.get(keys.topic_meta(topic)),
-            self._reads.get(keys.namespace(topic.namespace)),
+        """`meta(topic)` and `namespace_exists` of its namespace, in one read."""
+        meta, namespace = await self.store.get_many(
+            [keys.topic_meta(topic), keys.namespace(topic.namespace)]
         )
         return _meta_value(meta), namespace is not None
 
