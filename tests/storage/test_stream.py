@@ -20,6 +20,7 @@ from ballast.storage import (
     CommitStream,
     FsspecObjectStore,
     ObjectDescriptor,
+    ReliableTopic,
     SealedState,
     StartSource,
     StorageConfig,
@@ -87,21 +88,28 @@ async def test_topics_sent_to_together_share_objects_and_transactions_and_move_i
             assert await other.append(b"more") == 5
 
 
+async def three_small_objects_each(
+    tmp_path: Path, kw: dict[str, Any], names: list[str]
+) -> tuple[StorageStats, CommitStream, list[ReliableTopic]]:
+    """Topics on one stream, opened, with three small objects each (one per send)."""
+    stats = StorageStats()
+    stream = stream_for("a", kw, stats)
+    topics = [make_topic("a", tmp_path, **kw, topic=n, stats=stats, stream=stream) for n in names]
+    for topic in topics:
+        await topic.open()
+    for offset in range(3):
+        await asyncio.gather(*(t.append(payload(offset)) for t in topics))
+    return stats, stream, topics
+
+
 async def test_merges_of_many_topics_share_objects_and_transactions(
     tmp_path: Path, kw: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Small objects are merged through the stream too: topics merging at once write one
     object and commit in one transaction, not one each."""
-    config = dataclasses.replace(kw["config"], merge_objects=4)
-    kw = {**kw, "config": config}
-    stats = StorageStats()
-    stream = stream_for("a", kw, stats)
+    kw = {**kw, "config": dataclasses.replace(kw["config"], merge_objects=4)}
     names = [f"/default/merged-{i}" for i in range(8)]
-    topics = [make_topic("a", tmp_path, **kw, topic=n, stats=stats, stream=stream) for n in names]
-    for topic in topics:
-        await topic.open()
-    for offset in range(3):  # one object per send and topic: three small ones each
-        await asyncio.gather(*(t.append(payload(offset)) for t in topics))
+    stats, stream, topics = await three_small_objects_each(tmp_path, kw, names)
     # Every object written and every transaction, from here on.
     calls = {"put": 0, "txn": 0}
     for name, owner in (("put", kw["objects"]), ("txn", kw["metadata"])):
@@ -136,16 +144,9 @@ async def test_one_topic_reads_for_a_merge_at_a_time_and_none_holds_its_sends_ba
     """Merging reads objects: topics due together take turns (32 topics moved together,
     each merging what it brought at once, held every send on the broker for 0.65 s). A
     topic waiting for its turn keeps writing its sends, and is woken for its turn."""
-    config = dataclasses.replace(kw["config"], merge_objects=4)
-    kw = {**kw, "config": config}
-    stats = StorageStats()
-    stream = stream_for("a", kw, stats)
+    kw = {**kw, "config": dataclasses.replace(kw["config"], merge_objects=4)}
     names = [f"/default/turns-{i}" for i in range(6)]
-    topics = [make_topic("a", tmp_path, **kw, topic=n, stats=stats, stream=stream) for n in names]
-    for topic in topics:
-        await topic.open()
-    for offset in range(3):  # three small objects each
-        await asyncio.gather(*(t.append(payload(offset)) for t in topics))
+    stats, stream, topics = await three_small_objects_each(tmp_path, kw, names)
     reading: set[TopicName] = set()
     most = 0
     gate = asyncio.Event()
@@ -364,7 +365,7 @@ async def test_claim_together_splits_under_etcds_limits_and_a_fenced_topic_fails
             calls += 1
             return await txn(*args)
 
-        store.txn = counted  # type: ignore[method-assign]
+        store.txn = counted  # type: ignore[method-assign,assignment]
         claims = [TopicClaim(n, store, broker_id="a", clock=clock) for n in names]
         state = SealedState(False, -1, "a", clock.now(), reserved_through=1000)
         results = await claim_together(store, [(c, 0, state) for c in claims])

@@ -135,6 +135,19 @@ class _Commit:
     done: asyncio.Future[None]
 
 
+def _settle(
+    waiters: Sequence[asyncio.Future[None]], results: Sequence[BaseException | None]
+) -> None:
+    """Each waiter's outcome: None (done) or the exception it failed with."""
+    for done, result in zip(waiters, results, strict=True):
+        if done.done():
+            continue  # its requester gave up
+        if result is None:
+            done.set_result(None)
+        else:
+            done.set_exception(result)
+
+
 @dataclass(frozen=True)
 class _Claim:
     claim: TopicClaim
@@ -385,13 +398,7 @@ class CommitStream:
                 except Exception as exc:  # a bug here must not stop every topic's opening
                     log.exception("the commit stream's claim failed: %s", exc)
                     results = [exc] * len(claims)
-                for request, result in zip(claims, results, strict=True):
-                    if request.done.done():
-                        continue
-                    if result is None:
-                        request.done.set_result(None)
-                    else:
-                        request.done.set_exception(result)
+                _settle([c.done for c in claims], results)
 
     async def _committer(self) -> None:
         while True:
@@ -413,10 +420,4 @@ class CommitStream:
                 except Exception as exc:  # a bug here must not stop every topic's commits
                     log.exception("the commit stream's transaction failed: %s", exc)
                     results = [exc] * len(commits)
-                for request, result in zip(commits, results, strict=True):
-                    if request.done.done():
-                        continue
-                    if result is None:
-                        request.done.set_result(None)
-                    else:
-                        request.done.set_exception(result)
+                _settle([c.done for c in commits], results)
