@@ -67,7 +67,7 @@ from ballast.pipeline.schemas import (
 )
 
 COLUMNAR_DIR = "_columnar"
-TABLES = ("topics", "brokers", "quarantine")
+TABLES = ("topics", "brokers", "quarantine", "topic_partials")
 MARKERS_DIR = "_committed"
 TMP_DIR = "_tmp"
 DEFAULT_GRACE_SECONDS = 300.0
@@ -128,12 +128,17 @@ class HourMarker:
     topic_rows: int
     quarantined: Mapping[str, int] = field(default_factory=dict)
     compacted_at: float = 0.0
+    # Whether the hour's topic partials (`partials.py`) were written: every file took
+    # the fast path with its reports in the hour. Hours compacted before partials
+    # existed have none: the analysis reads their topic rows.
+    partials: bool = False
 
     def has(self, table: str) -> bool:
         rows = {
             "topics": self.topic_rows,
             "brokers": self.reports,
             "quarantine": sum(self.quarantined.values()),
+            "topic_partials": self.topic_rows if self.partials else 0,
         }
         return rows[table] > 0
 
@@ -147,6 +152,7 @@ class HourMarker:
             "topic_rows": self.topic_rows,
             "quarantined": dict(sorted(self.quarantined.items())),
             "compacted_at": self.compacted_at,
+            "partials": self.partials,
         }
 
     @classmethod
@@ -158,6 +164,7 @@ class HourMarker:
             topic_rows=int(data["topic_rows"]),
             quarantined={str(k): int(v) for k, v in data.get("quarantined", {}).items()},
             compacted_at=float(data.get("compacted_at", 0.0)),
+            partials=bool(data.get("partials", False)),
         )
 
 
@@ -510,6 +517,9 @@ def _convert_clean_files(
             source=name,
             topics_dir=os.path.join(work, "topics", hour.name),
             brokers_dir=os.path.join(work, "brokers", hour.name),
+            partials_dir=os.path.join(work, "topic_partials", hour.name),
+            hour_start=hour.start,
+            hour_end=hour.end,
         )
         for index, (hour, name) in enumerate(
             (hour, name) for hour in sorted(files) for name in sorted(files[hour])
@@ -535,9 +545,13 @@ def _convert_clean_files(
                 "topics": sum(r.topic_rows for r in converted),
                 "brokers": sum(r.reports for r in converted),
                 "quarantine": {},
+                "partials": all(r.partials for r in converted),
             }
+            if not counts[hour]["partials"]:
+                # Some of the hour's partials only: none are read, so none are kept.
+                shutil.rmtree(os.path.join(work, "topic_partials", hour.name), ignore_errors=True)
     for hour in slow:
-        for table in ("topics", "brokers"):
+        for table in ("topics", "brokers", "topic_partials"):
             shutil.rmtree(os.path.join(work, table, hour.name), ignore_errors=True)
     return counts, slow
 
@@ -582,6 +596,7 @@ def compact_files(
             topic_rows=found["topics"],
             quarantined=found["quarantine"],
             compacted_at=now,
+            partials=found.get("partials", False),
         )
     return markers
 

@@ -25,6 +25,7 @@ Parquet with explicit schemas.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -45,7 +46,7 @@ from ballast.balance.plan import plan_rebalance
 from ballast.balance.rankings import score_brokers
 from ballast.config import BallastConfig, RebalancingConfig, Strategy
 from ballast.load_history import HISTORY_GLOB
-from ballast.pipeline import compact, report, shedding, snapshot, storage, transforms
+from ballast.pipeline import compact, partials, report, shedding, snapshot, storage, transforms
 from ballast.pipeline.compact import DEFAULT_GRACE_SECONDS
 from ballast.pipeline.schemas import (
     BROKER_WINDOWS_SCHEMA,
@@ -384,7 +385,7 @@ def run_analysis(
         scored, brokers_pdf = _broker_windows(run, history)
         comparison_pdf = _strategy_comparison(run, scored)
         since = history.now - run.horizon
-        topics = _topic_windows(run, history)
+        topics = _topic_windows(run, columnar, history)
         policies = _replay_policies(run, topics, brokers_pdf, since)
         planned = _plan(run, columnar, history, topics, since)
         all_brokers = tuple(sorted(brokers_pdf["broker_id"].unique()))
@@ -546,20 +547,63 @@ def _strategy_comparison(run: _Run, scored: DataFrame) -> pd.DataFrame:
         return comparison.toPandas()
 
 
-def _topic_windows(run: _Run, history: _History) -> _TopicWindows:
+def _partial_hours(run: _Run, columnar: compact.Columnar) -> list[compact.Hour]:
+    """The hours whose topic windows come from their partials: windows of the partials'
+    bucket (then no window crosses an hour), hours wholly in --from/--to, partials
+    written at compaction."""
+    if run.window != partials.PARTIAL_SECONDS:
+        return []
+    start, end = run.options.start, run.options.end
+    return [
+        hour
+        for hour, marker in sorted(columnar.hours.items())
+        if marker.has("topic_partials")
+        and (start is None or hour.start >= start)
+        and (end is None or hour.end <= end)
+    ]
+
+
+def _windows_from_partials(run: _Run, paths: list[str]) -> DataFrame:
+    """The topic windows of the hours whose partials directories are `paths`: each hour
+    combined on its own in a Python task (`partials.windows_of_hours`), no shuffle."""
+    schema = T.StructType(
+        [*TOPIC_WINDOWS_SCHEMA.fields, T.StructField("first_seen", T.DoubleType())]
+    )
+    # A few hours per task, in order: enough tasks to keep every core busy.
+    slices = max(1, min(len(paths), run.spark.sparkContext.defaultParallelism * 4))
+    listing = run.spark.sparkContext.parallelize([(p,) for p in paths], slices).toDF("path string")
+    combine = functools.partial(partials.windows_of_hours, window_seconds=run.window)
+    return listing.mapInArrow(combine, schema)
+
+
+def _topic_windows(run: _Run, columnar: compact.Columnar, history: _History) -> _TopicWindows:
     """Stage 6: topic windows, written and kept; the per-topic summary."""
     with run.stage("topics"):
         # Aggregated once and kept: the table, the per-topic summary and the policy
         # replay's windows all read this result, never the topic rows again.
-        windowed = history.topics.transform(transforms.with_window, run.window)
+        from_partials = _partial_hours(run, columnar)
+        from_rows = [hour for hour in sorted(columnar.hours) if hour not in set(from_partials)]
 
         def topic_report(small_windows: bool) -> DataFrame:
-            return windowed.transform(
-                transforms.topic_window_report,
-                with_first_seen=True,
-                brokers=history.broker_ids,
-                small_windows=small_windows,
-            ).persist()
+            def of_rows(rows: DataFrame) -> DataFrame:
+                return rows.transform(transforms.with_window, run.window).transform(
+                    transforms.topic_window_report,
+                    with_first_seen=True,
+                    brokers=history.broker_ids,
+                    small_windows=small_windows,
+                )
+
+            if not small_windows or not from_partials:
+                return of_rows(history.topics).persist()
+            windows = _windows_from_partials(run, columnar.paths("topic_partials", from_partials))
+            if from_rows:
+                rows = _in_range(
+                    columnar.read(run.spark, "topics", from_rows),
+                    run.options.start,
+                    run.options.end,
+                ).transform(transforms.topic_rows)
+                windows = windows.unionByName(of_rows(rows))
+            return windows.persist()
 
         # The fast p95s hold when no window has more than 21 samples of a topic (the
         # usual case); the check also fills the cache the next steps read.
