@@ -283,7 +283,7 @@ def convert_file(task: FileTask) -> FileResult:
     Runs in a Spark task; only the small `FileResult` travels back to the driver."""
     with open(task.path, "rb") as handle:
         data = handle.read()
-    if not data.strip():
+    if not data or data.isspace():  # isspace stops at the first character; strip copies
         return FileResult(task.source, clean=True, partials=True)
     try:
         topics, brokers = convert(data, task.index, task.source)
