@@ -1,12 +1,15 @@
 """The columnar history: each closed hour of JSON lines, parsed once into Parquet.
 
 `ballast history compact` (and `ballast analyze`, for the hours not compacted yet) turns
-the sink's JSON lines into three tables under `{history}/_columnar/`, partitioned exactly
-like the JSON files:
+the sink's JSON lines into tables under `{history}/_columnar/`, partitioned exactly like
+the JSON files:
 
     topics/date=YYYY-MM-DD/hour=HH/*.parquet      one row per (report, topic)
     brokers/date=YYYY-MM-DD/hour=HH/*.parquet     one row per report, with its totals
     quarantine/date=YYYY-MM-DD/hour=HH/*.parquet  malformed, invalid and duplicate lines
+    topic_partials/date=…/hour=…/*.parquet        per file, 5-minute bucket and topic: the
+                                                  topic windows' partial aggregates (fast
+                                                  path only; `partials.py`)
     _committed/date=YYYY-MM-DD_hour=HH.json       the hour's marker (see below)
 
 - **Incremental and idempotent.** An hour is compacted when it has no marker, or when its
