@@ -151,6 +151,8 @@ def test_the_fast_path_writes_what_the_spark_path_writes(
     fast, slow = compact._convert_clean_files(spark, str(history), files, str(tmp_path / "fast"))
     assert slow == {} and len(fast) == 2
     counts = compact._compact_with_spark(spark, str(history), files, str(tmp_path / "spark"))
+    # The fast path also writes each file's topic partials (the Spark path does not).
+    assert all(found.pop("partials") for found in fast.values())
     assert counts == fast
     for hour in files:
         for table in ("topics", "brokers"):

@@ -41,6 +41,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from ballast.model import BrokerMode, Ops, report_totals
+from ballast.pipeline import partials
 from ballast.pipeline.rules import BROKER_ID_REGEX, TOPIC_NAME_REGEX
 from ballast.pipeline.schemas import (
     BROKER_TABLE_SCHEMA,
@@ -86,6 +87,9 @@ class FileTask:
     source: str  # the path below the history root: date=…/hour=…/name.jsonl
     topics_dir: str  # the hour's partition directory of the topics table
     brokers_dir: str  # … and of the brokers table
+    partials_dir: str  # … and of the topic partials (`partials.py`)
+    hour_start: float  # the hour the file is filed under, [start, end) in epoch seconds
+    hour_end: float
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,9 @@ class FileResult:
     reports: int = 0
     topic_rows: int = 0
     keys: tuple[tuple[str, float], ...] = ()  # (broker_id, timestamp) per report
+    # Whether the file's topic partials were written: every report lies in its hour, so
+    # the hour's windows are whole in its partials (else the analysis reads its rows).
+    partials: bool = False
 
 
 @dataclass(frozen=True)
@@ -276,8 +283,8 @@ def convert_file(task: FileTask) -> FileResult:
     Runs in a Spark task; only the small `FileResult` travels back to the driver."""
     with open(task.path, "rb") as handle:
         data = handle.read()
-    if not data.strip():
-        return FileResult(task.source, clean=True)
+    if not data or data.isspace():  # isspace stops at the first character; strip copies
+        return FileResult(task.source, clean=True, partials=True)
     try:
         topics, brokers = convert(data, task.index, task.source)
     except NotClean as exc:
@@ -285,6 +292,14 @@ def convert_file(task: FileTask) -> FileResult:
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"part-{task.index:05d}-{os.path.basename(task.source)}")
     _write(topics, task.topics_dir, f"{name}.parquet")
     _write(brokers, task.brokers_dir, f"{name}.parquet")
+    timestamps = brokers.column("timestamp")
+    in_hour = brokers.num_rows == 0 or (
+        pc.min(timestamps).as_py() >= task.hour_start and pc.max(timestamps).as_py() < task.hour_end
+    )
+    if in_hour:
+        # The rows are in memory now: their windows' partial aggregates cost little more
+        # than this, against the analysis reading and shuffling every row again.
+        _write(partials.file_partials(topics), task.partials_dir, f"{name}.parquet")
     keys = tuple(
         zip(
             brokers.column("broker_id").to_pylist(),
@@ -298,4 +313,5 @@ def convert_file(task: FileTask) -> FileResult:
         reports=brokers.num_rows,
         topic_rows=topics.num_rows,
         keys=keys,
+        partials=in_hour,
     )

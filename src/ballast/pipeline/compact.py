@@ -1,12 +1,15 @@
 """The columnar history: each closed hour of JSON lines, parsed once into Parquet.
 
 `ballast history compact` (and `ballast analyze`, for the hours not compacted yet) turns
-the sink's JSON lines into three tables under `{history}/_columnar/`, partitioned exactly
-like the JSON files:
+the sink's JSON lines into tables under `{history}/_columnar/`, partitioned exactly like
+the JSON files:
 
     topics/date=YYYY-MM-DD/hour=HH/*.parquet      one row per (report, topic)
     brokers/date=YYYY-MM-DD/hour=HH/*.parquet     one row per report, with its totals
     quarantine/date=YYYY-MM-DD/hour=HH/*.parquet  malformed, invalid and duplicate lines
+    topic_partials/date=…/hour=…/*.parquet        per file, 5-minute bucket and topic: the
+                                                  topic windows' partial aggregates (fast
+                                                  path only; `partials.py`)
     _committed/date=YYYY-MM-DD_hour=HH.json       the hour's marker (see below)
 
 - **Incremental and idempotent.** An hour is compacted when it has no marker, or when its
@@ -67,7 +70,7 @@ from ballast.pipeline.schemas import (
 )
 
 COLUMNAR_DIR = "_columnar"
-TABLES = ("topics", "brokers", "quarantine")
+TABLES = ("topics", "brokers", "quarantine", "topic_partials")
 MARKERS_DIR = "_committed"
 TMP_DIR = "_tmp"
 DEFAULT_GRACE_SECONDS = 300.0
@@ -128,12 +131,17 @@ class HourMarker:
     topic_rows: int
     quarantined: Mapping[str, int] = field(default_factory=dict)
     compacted_at: float = 0.0
+    # Whether the hour's topic partials (`partials.py`) were written: every file took
+    # the fast path with its reports in the hour. Hours compacted before partials
+    # existed have none: the analysis reads their topic rows.
+    partials: bool = False
 
     def has(self, table: str) -> bool:
         rows = {
             "topics": self.topic_rows,
             "brokers": self.reports,
             "quarantine": sum(self.quarantined.values()),
+            "topic_partials": self.topic_rows if self.partials else 0,
         }
         return rows[table] > 0
 
@@ -147,6 +155,7 @@ class HourMarker:
             "topic_rows": self.topic_rows,
             "quarantined": dict(sorted(self.quarantined.items())),
             "compacted_at": self.compacted_at,
+            "partials": self.partials,
         }
 
     @classmethod
@@ -158,6 +167,7 @@ class HourMarker:
             topic_rows=int(data["topic_rows"]),
             quarantined={str(k): int(v) for k, v in data.get("quarantined", {}).items()},
             compacted_at=float(data.get("compacted_at", 0.0)),
+            partials=bool(data.get("partials", False)),
         )
 
 
@@ -510,6 +520,9 @@ def _convert_clean_files(
             source=name,
             topics_dir=os.path.join(work, "topics", hour.name),
             brokers_dir=os.path.join(work, "brokers", hour.name),
+            partials_dir=os.path.join(work, "topic_partials", hour.name),
+            hour_start=hour.start,
+            hour_end=hour.end,
         )
         for index, (hour, name) in enumerate(
             (hour, name) for hour in sorted(files) for name in sorted(files[hour])
@@ -535,9 +548,13 @@ def _convert_clean_files(
                 "topics": sum(r.topic_rows for r in converted),
                 "brokers": sum(r.reports for r in converted),
                 "quarantine": {},
+                "partials": all(r.partials for r in converted),
             }
+            if not counts[hour]["partials"]:
+                # Some of the hour's partials only: none are read, so none are kept.
+                shutil.rmtree(os.path.join(work, "topic_partials", hour.name), ignore_errors=True)
     for hour in slow:
-        for table in ("topics", "brokers"):
+        for table in ("topics", "brokers", "topic_partials"):
             shutil.rmtree(os.path.join(work, table, hour.name), ignore_errors=True)
     return counts, slow
 
@@ -582,6 +599,7 @@ def compact_files(
             topic_rows=found["topics"],
             quarantined=found["quarantine"],
             compacted_at=now,
+            partials=found.get("partials", False),
         )
     return markers
 

@@ -25,6 +25,7 @@ Parquet with explicit schemas.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -45,7 +46,7 @@ from ballast.balance.plan import plan_rebalance
 from ballast.balance.rankings import score_brokers
 from ballast.config import BallastConfig, RebalancingConfig, Strategy
 from ballast.load_history import HISTORY_GLOB
-from ballast.pipeline import compact, report, shedding, snapshot, storage, transforms
+from ballast.pipeline import compact, partials, report, shedding, snapshot, storage, transforms
 from ballast.pipeline.compact import DEFAULT_GRACE_SECONDS
 from ballast.pipeline.schemas import (
     BROKER_WINDOWS_SCHEMA,
@@ -384,7 +385,7 @@ def run_analysis(
         scored, brokers_pdf = _broker_windows(run, history)
         comparison_pdf = _strategy_comparison(run, scored)
         since = history.now - run.horizon
-        topics = _topic_windows(run, history)
+        topics = _topic_windows(run, columnar, history)
         policies = _replay_policies(run, topics, brokers_pdf, since)
         planned = _plan(run, columnar, history, topics, since)
         all_brokers = tuple(sorted(brokers_pdf["broker_id"].unique()))
@@ -546,28 +547,104 @@ def _strategy_comparison(run: _Run, scored: DataFrame) -> pd.DataFrame:
         return comparison.toPandas()
 
 
-def _topic_windows(run: _Run, history: _History) -> _TopicWindows:
+# Set on a window computed from rows that lies in an hour read from partials (job.py).
+_CROSSED = "_crossed_hours"
+
+
+def _partial_hours(run: _Run, columnar: compact.Columnar) -> list[compact.Hour]:
+    """The hours whose topic windows come from their partials: windows of the partials'
+    bucket (then no window crosses an hour), hours wholly in --from/--to, partials
+    written at compaction."""
+    if run.window != partials.PARTIAL_SECONDS:
+        return []
+    start, end = run.options.start, run.options.end
+    return [
+        hour
+        for hour, marker in sorted(columnar.hours.items())
+        if marker.has("topic_partials")
+        and (start is None or hour.start >= start)
+        and (end is None or hour.end <= end)
+    ]
+
+
+def _windows_from_partials(run: _Run, paths: list[str]) -> DataFrame:
+    """The topic windows of the hours whose partials directories are `paths`: each hour
+    combined on its own in a Python task (`partials.windows_of_hours`), no shuffle."""
+    schema = T.StructType(
+        [*TOPIC_WINDOWS_SCHEMA.fields, T.StructField("first_seen", T.DoubleType())]
+    )
+    # A few hours per task, in order: enough tasks to keep every core busy.
+    slices = max(1, min(len(paths), run.spark.sparkContext.defaultParallelism * 4))
+    listing = run.spark.sparkContext.parallelize([(p,) for p in paths], slices).toDF("path string")
+    combine = functools.partial(partials.windows_of_hours, window_seconds=run.window)
+    return listing.mapInArrow(combine, schema)
+
+
+def _windows_of_rows(run: _Run, history: _History, rows: DataFrame, small: bool) -> DataFrame:
+    return rows.transform(transforms.with_window, run.window).transform(
+        transforms.topic_window_report,
+        with_first_seen=True,
+        brokers=history.broker_ids,
+        small_windows=small,
+    )
+
+
+def _topic_report(
+    run: _Run,
+    columnar: compact.Columnar,
+    history: _History,
+    small: bool,
+    partial_hours: list[compact.Hour],
+) -> DataFrame:
+    """The topic windows (cached): those of `partial_hours` from their partials, the
+    others from their rows; `_CROSSED` marks a window of rows in a partials hour."""
+    if not partial_hours:
+        windows = _windows_of_rows(run, history, history.topics, small)
+        return windows.withColumn(_CROSSED, F.lit(False)).persist()
+    paths = columnar.paths("topic_partials", partial_hours)
+    windows = _windows_from_partials(run, paths).withColumn(_CROSSED, F.lit(False))
+    rows_hours = [hour for hour in sorted(columnar.hours) if hour not in partial_hours]
+    if rows_hours:
+        rows = _in_range(
+            columnar.read(run.spark, "topics", rows_hours), run.options.start, run.options.end
+        ).transform(transforms.topic_rows)
+        # A report filed under another hour than its own (the sink never does that; a
+        # copied file might) makes a window in an hour read from its partials: that
+        # window would be counted twice.
+        hours = [int(hour.start // 3600) for hour in partial_hours]
+        crossed = F.floor(F.unix_seconds("window_start") / 3600).isin(hours)
+        of_rows = _windows_of_rows(run, history, rows, small).withColumn(_CROSSED, crossed)
+        windows = windows.unionByName(of_rows)
+    return windows.persist()
+
+
+def _checked_report(
+    run: _Run, columnar: compact.Columnar, history: _History, partial_hours: list[compact.Hour]
+) -> tuple[DataFrame, int, bool]:
+    """The fast report with its largest window and whether a window crossed into a
+    partials hour (one job, which also fills the cache the next steps read)."""
+    frame = _topic_report(run, columnar, history, True, partial_hours)
+    row = frame.agg(F.max("samples"), F.max(F.col(_CROSSED).cast("int"))).first()
+    assert row is not None
+    return frame, int(row[0] or 0), bool(row[1])
+
+
+def _topic_windows(run: _Run, columnar: compact.Columnar, history: _History) -> _TopicWindows:
     """Stage 6: topic windows, written and kept; the per-topic summary."""
     with run.stage("topics"):
         # Aggregated once and kept: the table, the per-topic summary and the policy
         # replay's windows all read this result, never the topic rows again.
-        windowed = history.topics.transform(transforms.with_window, run.window)
-
-        def topic_report(small_windows: bool) -> DataFrame:
-            return windowed.transform(
-                transforms.topic_window_report,
-                with_first_seen=True,
-                brokers=history.broker_ids,
-                small_windows=small_windows,
-            ).persist()
-
-        # The fast p95s hold when no window has more than 21 samples of a topic (the
-        # usual case); the check also fills the cache the next steps read.
-        topic_windows = topic_report(small_windows=True)
-        largest = topic_windows.agg(F.max("samples")).first()
-        if largest is not None and (largest[0] or 0) > transforms.TOP_TWO_MAX_SAMPLES:
+        topic_windows, largest, crossed = _checked_report(
+            run, columnar, history, _partial_hours(run, columnar)
+        )
+        if crossed:
             topic_windows.unpersist()
-            topic_windows = topic_report(small_windows=False)
+            topic_windows, largest, _ = _checked_report(run, columnar, history, [])
+        # The fast p95s hold when no window has more than 21 samples of a topic (the
+        # usual case); else every window is computed again the exact way.
+        if largest > transforms.TOP_TWO_MAX_SAMPLES:
+            topic_windows.unpersist()
+            topic_windows = _topic_report(run, columnar, history, False, [])
         run.persisted.append(topic_windows)
         _write(
             _select(topic_windows, TOPIC_WINDOWS_SCHEMA),

@@ -115,10 +115,40 @@ QUARANTINE_SCHEMA = T.StructType(
     ]
 )
 
+# Per history file, one row per (5-minute bucket, topic): mergeable partial aggregates of
+# the topic windows (`partials.py`), written by compaction's fast path.
+TOPIC_PARTIALS_SCHEMA = T.StructType(
+    [
+        T.StructField("bucket_start", T.DoubleType()),  # epoch seconds
+        T.StructField("topic", T.StringType()),
+        T.StructField("samples", T.LongType()),
+        T.StructField("first_timestamp", T.DoubleType()),
+        T.StructField("backlog_first", T.LongType()),
+        T.StructField("last_timestamp", T.DoubleType()),
+        T.StructField("backlog_last", T.LongType()),
+        T.StructField("broker_id", T.StringType()),  # the broker of the last report
+        *(
+            T.StructField(f"{name}_sum", T.DoubleType())
+            for name in ("msg_rate", "byte_rate", "load_score")
+        ),
+        T.StructField("connections_sum", T.LongType()),
+        *(
+            T.StructField(f"{name}_{which}", T.DoubleType())
+            for name in ("msg_rate", "byte_rate", "load_score")
+            for which in ("top", "second")  # the two largest, counting repeats
+        ),
+        T.StructField("timestamp_mean", T.DoubleType()),  # after bucket_start
+        T.StructField("backlog_mean", T.DoubleType()),  # above backlog_first
+        T.StructField("backlog_comoment", T.DoubleType()),  # sum of centred products
+        T.StructField("timestamp_m2", T.DoubleType()),  # sum of centred squares
+    ]
+)
+
 COLUMNAR_SCHEMAS: dict[str, T.StructType] = {
     "topics": TOPIC_TABLE_SCHEMA,
     "brokers": BROKER_TABLE_SCHEMA,
     "quarantine": QUARANTINE_SCHEMA,
+    "topic_partials": TOPIC_PARTIALS_SCHEMA,
 }
 
 # --- output tables of `ballast analyze` -------------------------------------------------

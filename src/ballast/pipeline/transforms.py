@@ -376,7 +376,11 @@ def topic_window_report(
             F.avg("load_score").alias("load_score_mean"),
             F.min_by("backlog", "timestamp").alias("backlog_first"),
             F.max_by("backlog", "timestamp").alias("backlog_last"),
-            F.regr_slope(F.col("backlog"), F.col("timestamp")).alias("backlog_slope"),
+            # Time from the window's start, not epoch seconds: Spark's running update of
+            # the moments lost up to 1e-9 of the slope to epoch-sized timestamps.
+            F.regr_slope(
+                F.col("backlog"), F.col("timestamp") - F.unix_seconds(F.col("window_start"))
+            ).alias("backlog_slope"),
             *tails,
             *extra,
         )
