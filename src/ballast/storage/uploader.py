@@ -187,7 +187,6 @@ class Uploader:
         self.stored_objects = len(catalog.objects) if catalog is not None else 0
         self.stored_bytes = catalog.size if catalog is not None else 0
         self._last_merge = clock.now()
-        self._merge_more = False  # small objects left after a turn's run
         self._last_retention = -math.inf
         # (delete after, object, its descriptor): merged or released objects, old indexes.
         self._garbage: deque[tuple[float, str, ObjectDescriptor | None]] = deque()
@@ -566,13 +565,8 @@ class Uploader:
         assert self._stream is not None  # merging is a claimed topic's
         turns = self._stream.merges
         now = self._clock.now()
-        due = (
-            self._merge_more
-            or len(self._small) >= self._config.merge_objects
-            or (
-                len(self._small) > 1
-                and now - self._last_merge >= self._config.upload_interval_seconds
-            )
+        due = len(self._small) >= self._config.merge_objects or (
+            len(self._small) > 1 and now - self._last_merge >= self._config.upload_interval_seconds
         )
         if not due:
             turns.forget(self._wake)
@@ -586,10 +580,10 @@ class Uploader:
                     pass
         finally:
             turns.give_back(self._wake)
-        # More runs (a topic that moved brings hundreds of small objects): on its next
-        # turn, after the topics queued for one.
-        self._merge_more = len(self._small) > 1
-        if self._merge_more:
+        # Still as many small objects as make a merge due (a topic that moved brings
+        # hundreds): the next run on its next turn, after the topics queued for one.
+        # Fewer wait for the interval, as always (a busy topic must not merge every pass).
+        if len(self._small) >= self._config.merge_objects:
             self._wake.set()
 
     async def _merge(self, turns: Turns) -> bool:
