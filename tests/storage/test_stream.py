@@ -386,10 +386,17 @@ async def test_topics_opened_together_claim_together(
     stream = stream_for("a", kw, stats)
     calls = 0
     txn = kw["metadata"].txn
+    first_sent = asyncio.Event()
+    in_first: list[int] = []
 
     async def counted(*args: Any) -> Any:
         nonlocal calls
         calls += 1
+        if calls == 1:
+            in_first.append(len(args[1]))  # a put per claim
+            # The first claim's transaction takes its time: the other openings, which
+            # recover their WALs in threads and so come at their own pace, queue meanwhile.
+            await first_sent.wait()
         return await txn(*args)
 
     monkeypatch.setattr(kw["metadata"], "txn", counted)
@@ -397,8 +404,12 @@ async def test_topics_opened_together_claim_together(
         make_topic("a", tmp_path, **kw, topic=f"/default/opened-{i}", stats=stats, stream=stream)
         for i in range(20)
     ]
-    await asyncio.gather(*(t.open() for t in topics))
+    opening = asyncio.gather(*(t.open() for t in topics))
+    await eventually(lambda: bool(in_first) and in_first[0] + len(stream._claims) == 20)
+    first_sent.set()
+    await opening
     assert calls <= 3  # the first claim alone, then the others together (not 20)
+    assert calls == 2
     assert await asyncio.gather(*(t.append(payload(0)) for t in topics)) == [0] * 20
     for topic in topics:
         await topic.close()
