@@ -414,3 +414,37 @@ async def test_topics_opened_together_claim_together(
     for topic in topics:
         await topic.close()
     await stream.close()
+
+
+async def test_a_claim_given_up_before_it_is_sent_is_not_written(
+    kw: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An opening abandoned while its claim waits for the stream (its topic was unloaded
+    meanwhile) leaves the topic's state as it was."""
+    metadata: MemoryStore = kw["metadata"]
+    stream = stream_for("a", kw, StorageStats())
+    gate = asyncio.Event()
+    txn = metadata.txn
+
+    async def held(*args: Any) -> Any:
+        await gate.wait()
+        return await txn(*args)
+
+    monkeypatch.setattr(metadata, "txn", held)
+    clock = kw["clock"]
+    state = SealedState(False, -1, "a", clock.now(), reserved_through=1000)
+    first, second = (
+        TopicClaim(TopicName.parse(f"/default/given-up-{i}"), metadata, broker_id="a", clock=clock)
+        for i in range(2)
+    )
+    sent = asyncio.ensure_future(stream.claim(first, 0, state))
+    await asyncio.sleep(0.01)  # the first claim's transaction is on its way
+    given_up = asyncio.ensure_future(stream.claim(second, 0, state))
+    await asyncio.sleep(0.01)
+    given_up.cancel()
+    gate.set()
+    await sent
+    await asyncio.sleep(0.01)  # the claimer's next round, had the second stayed queued
+    assert await metadata.get(first.key) is not None
+    assert await metadata.get(second.key) is None
+    await stream.close()

@@ -390,7 +390,11 @@ class CommitStream:
             await self._wake_claimer.wait()
             self._wake_claimer.clear()
             while self._claims:
-                claims, self._claims = self._claims, []
+                # An opening given up meanwhile (its topic unloaded) claims nothing.
+                claims = [c for c in self._claims if not c.done.done()]
+                self._claims = []
+                if not claims:
+                    continue
                 try:
                     results = await claim_together(
                         self._metadata, [(c.claim, c.expected_revision, c.state) for c in claims]
