@@ -558,6 +558,13 @@ class StorageSettings(_Strict):
         description="How long a topic with concurrent senders gathers sends into one object "
         "(the most a send waits for batching).",
     )
+    stream_linger_seconds: float = Field(
+        0.001,
+        ge=0,
+        le=1.0,
+        description="While several topics send together, how long the broker's shared "
+        "object and its shared transaction wait for the other topics' parts and commits.",
+    )
     max_object_bytes: int = Field(16 * MiB, ge=64 * 1024, description="The largest object.")
     max_object_writes_per_second: float = Field(
         500.0,

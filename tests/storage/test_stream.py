@@ -307,6 +307,33 @@ async def test_a_shared_object_goes_once_every_part_is_released(
     await stream.close()
 
 
+@pytest.mark.parametrize(("linger", "shared"), [(0.5, True), (0.0, False)])
+async def test_while_topics_send_together_the_next_object_waits_for_the_others(
+    object_store: FsspecObjectStore,
+    metadata: MemoryStore,
+    clock: FakeClock,
+    linger: float,
+    shared: bool,
+) -> None:
+    # No pacing: a wait for the pacer's turn would stand in for the linger.
+    config = StorageConfig(stream_linger_seconds=linger, max_object_writes_per_second=1e9)
+    stream = CommitStream(object_store, metadata, broker_id="a", clock=clock, config=config)
+    one, two = TopicName.parse("/default/l1"), TopicName.parse("/default/l2")
+    offset = 0
+    while True:  # until an object held both topics' parts: they send together
+        first, second = await asyncio.gather(
+            stream.write(one, offset, offset, b"1"), stream.write(two, offset, offset, b"2")
+        )
+        offset += 1
+        if first.object_id == second.object_id:
+            break
+    waiting = asyncio.create_task(stream.write(one, offset, offset, b"1"))
+    await asyncio.sleep(0.05)  # well inside the linger, if there is one
+    later = await stream.write(two, offset, offset, b"2")
+    assert ((await waiting).object_id == later.object_id) is shared
+    await stream.close()
+
+
 def test_a_descriptor_of_a_part_round_trips_and_a_whole_object_has_no_base() -> None:
     part = ObjectDescriptor(3, 9, "_streams/a/x.bobj", 120, 1.5, base=4096)
     assert ObjectDescriptor.from_dict(part.to_dict()) == part and part.shared

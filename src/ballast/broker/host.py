@@ -112,6 +112,7 @@ class DataPlaneHost:
             fsync_policy=FsyncPolicy(storage.fsync_policy),
             ack=AckMode(storage.ack),
             commit_linger_seconds=storage.commit_linger_seconds,
+            stream_linger_seconds=storage.stream_linger_seconds,
             max_object_bytes=storage.max_object_bytes,
             max_object_writes_per_second=storage.max_object_writes_per_second,
             upload_interval_seconds=storage.upload_interval_seconds,

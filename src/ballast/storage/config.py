@@ -66,6 +66,11 @@ class StorageConfig:
     # a busy topic commits fuller batches (at most this much added latency; a topic with
     # one sender at a time never waits).
     commit_linger_seconds: float = 0.003
+    # While topics send together, the commit stream's next object and next transaction
+    # wait this long for the other topics' parts and commits. Shorter than a topic's own
+    # linger: each send passes two of these waits, and 3 ms cost 32 single-sender topics
+    # 13-24 % of their msg/s against 1 ms, measured side by side (`CommitStream`).
+    stream_linger_seconds: float = 0.001
     # Object writes per second of a whole broker (every topic's uploader shares one
     # `WritePacer`): beyond it objects get fuller, not more numerous.
     max_object_writes_per_second: float = 500.0

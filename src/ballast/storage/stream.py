@@ -11,7 +11,7 @@ The stream gathers them instead, as a group commit across topics:
   range (`ObjectDescriptor.base`), so a reader fetches one topic's part by range. One part
   alone is written as the topic's own object, exactly as before. Writes are paced by the
   broker's `WritePacer`, one at a time; while topics send together each object (and each
-  transaction) waits `commit_linger_seconds` for the others' parts.
+  transaction) waits `stream_linger_seconds` for the others' parts.
 - **commits**: the descriptor commits that topics hand in meanwhile go into one metadata
   transaction (`commit_together`: each topic's fence compared, split under etcd's limits);
   a topic fenced by a new owner fails alone.
@@ -328,10 +328,10 @@ class CommitStream:
                 await self._in_flight.acquire()
                 if await self._pacer.turn():
                     self._stats.object_write_waits += 1
-                elif self._shared_last and self._config.commit_linger_seconds > 0:
+                elif self._shared_last and self._config.stream_linger_seconds > 0:
                     # Topics were sending together: let the others' parts of this moment
                     # join (a lone topic never waits).
-                    await asyncio.sleep(self._config.commit_linger_seconds)
+                    await asyncio.sleep(self._config.stream_linger_seconds)
                 # Whatever arrived while waiting for a turn goes in this object too.
                 parts = self._take_parts()
                 self._shared_last = len(parts) > 1
@@ -412,9 +412,9 @@ class CommitStream:
                 if (
                     len(self._commits) == 1
                     and self._together
-                    and self._config.commit_linger_seconds
+                    and self._config.stream_linger_seconds
                 ):
-                    await asyncio.sleep(self._config.commit_linger_seconds)  # as in `_writer`
+                    await asyncio.sleep(self._config.stream_linger_seconds)  # as in `_writer`
                 commits, self._commits = self._commits, []
                 self._together = len(commits) > 1
                 try:
