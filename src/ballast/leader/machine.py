@@ -27,9 +27,10 @@ once every outcome is back it decides again. A round is, in this order:
    assignment is removed (both come only from tools that predate the record);
 7. unloads of split bundles (Pulsar, `auto_unload_split_bundles_enabled`): the topics of
    a bundle this leader has split get ``unload`` markers, so placement spreads the halves;
-8. placement (only when steps 2-7 wrote nothing): every ready marker is placed
-   (`place_topics`) by transactions that write the assignment and the ownership record
-   and delete the marker; markers of deleted topics and of owned topics are dropped;
+8. placement (only when steps 1 and 3-7 wrote nothing; a failover's rounds do not hold
+   it back): every ready marker is placed (`place_topics`) by transactions that write the
+   assignment and the ownership record and delete the marker; markers of deleted topics
+   and of owned topics are dropped;
 9. rebalancing, when a check is due and nothing else was written: with
    `placement_unit: bundle`, Pulsar's automatic bundle split first (a split writes the new
    layout to ``/cluster/bundles/{ns}`` and the check ends there); then `decide_rebalance`
