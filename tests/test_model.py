@@ -56,6 +56,14 @@ def test_load_report_round_trip(report: LoadReport) -> None:
     assert again.total_backlog == sum(t.backlog for t in report.topics)
 
 
+@given(reports())
+def test_a_sparse_load_report_round_trips_and_leaves_out_only_zeros(report: LoadReport) -> None:
+    sparse = report.to_dict(sparse=True)
+    assert LoadReport.from_dict(json.loads(json.dumps(sparse))) == report
+    for topic, full in zip(sparse["topics"], report.to_dict()["topics"], strict=True):
+        assert topic == {k: v for k, v in full.items() if v or k == "topic"}
+
+
 def test_other_round_trips() -> None:
     marker = UnassignedMarker(MarkerReason.REBALANCE, "a", "b", 12.5, ready=False)
     assert UnassignedMarker.from_dict(json.loads(json.dumps(marker.to_dict()))) == marker

@@ -304,7 +304,7 @@ class BrokerNode(Service):
         if lease is None:
             return
         report = self.build_report(self.clock.now())
-        await self.store.put(keys.load(self.broker_id), report.to_dict(), lease.id)
+        await self.store.put(keys.load(self.broker_id), report.to_dict(sparse=True), lease.id)
         self.reports_published += 1
         self.metrics.observe_broker(
             report.topic_count,
