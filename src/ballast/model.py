@@ -408,7 +408,7 @@ class LoadReport:
     def to_dict(self, *, sparse: bool = False) -> dict[str, Any]:
         """The record; `sparse` (the value a broker publishes in etcd): each topic's zero
         figures left out, so an idle topic costs its name alone. 10 000 idle topics made
-        a full report of 1.4 MB, near etcd's 1.5 MiB limit on a request; sparse, 0.3 MB.
+        a full report of 1.2 MB, near etcd's 1.5 MiB limit on a request; sparse, 0.3 MB.
         The history keeps full records (its readers expect every field)."""
         return {
             "broker_id": self.broker_id,
