@@ -58,6 +58,9 @@ class CoreStore(TxnHelpers):
     async def get_prefix(self, prefix: str) -> Listing:
         return self._open().get_prefix(prefix)
 
+    async def get_and_list(self, key: str, prefix: str) -> tuple[KeyValue | None, Listing]:
+        return self._open().get(key), self._open().get_prefix(prefix)
+
     async def put(self, key: str, value: Any, lease: int | None = None) -> int:
         return self._open().put(key, value, lease)
 

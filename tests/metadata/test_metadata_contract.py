@@ -97,6 +97,22 @@ async def test_get_many_reads_each_key_or_none_in_order(store: Store, prefix: st
     assert await store.get_many([]) == []
 
 
+async def test_get_and_list_reads_a_key_and_a_prefix_at_one_revision(
+    store: Store, prefix: str
+) -> None:
+    meta = await store.put(prefix + "meta", {"m": 1})
+    for i in range(3):
+        await store.put(f"{prefix}s/{i}", i)
+    await store.put_raw(prefix + "s/raw", b"\x00not json")
+    kv, listing = await store.get_and_list(prefix + "meta", prefix + "s/")
+    assert kv is not None and (kv.value, kv.mod_revision) == ({"m": 1}, meta)
+    assert [item.value for item in listing.items] == [0, 1, 2]
+    assert [e.key for e in listing.undecodable] == [prefix + "s/raw"]
+    assert listing.revision == (await store.get_prefix(prefix + "s/")).revision
+    absent, empty = await store.get_and_list(prefix + "none", prefix + "nothing/")
+    assert (absent, empty.items) == (None, [])
+
+
 async def test_get_many_names_a_non_json_value_and_refuses_too_many_keys(
     store: Store, prefix: str
 ) -> None:

@@ -74,6 +74,18 @@ async def test_unreachable_etcd_fails_within_the_timeout_naming_endpoints() -> N
 # -- pagination ---------------------------------------------------------------------------------
 
 
+async def test_get_and_list_reads_the_other_pages_at_its_own_revision(
+    etcd_server: EtcdServer, prefix: str
+) -> None:
+    async with EtcdStore(etcd_server.client_url, page_size=3) as store:
+        await store.put(prefix + "meta", "m")
+        revisions = [await store.put(f"{prefix}s/{i:02d}", i) for i in range(10)]
+        kv, listing = await store.get_and_list(prefix + "meta", prefix + "s/")
+        assert kv is not None and kv.value == "m"
+        assert [item.value for item in listing.items] == list(range(10))
+        assert listing.revision == revisions[-1]  # four pages, the first in the transaction
+
+
 async def test_get_prefix_pages_through_a_consistent_snapshot(
     etcd_server: EtcdServer, prefix: str
 ) -> None:

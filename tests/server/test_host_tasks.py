@@ -98,6 +98,7 @@ class SlowStore(MemoryStore):
         )
         self.reads: list[str] = []
         self.listed: list[str] = []
+        self.together: list[tuple[str, str]] = []
 
     async def get(self, key: str) -> KeyValue | None:
         self.reads.append(key)
@@ -109,6 +110,10 @@ class SlowStore(MemoryStore):
     async def get_prefix(self, prefix: str) -> Listing:
         self.listed.append(prefix)
         return await super().get_prefix(prefix)
+
+    async def get_and_list(self, key: str, prefix: str) -> tuple[KeyValue | None, Listing]:
+        self.together.append((key, prefix))
+        return await super().get_and_list(key, prefix)
 
 
 async def test_a_create_for_a_topic_being_opened_waits_for_the_opening(
@@ -176,26 +181,23 @@ async def test_many_openings_queue_and_a_topic_a_client_asks_for_opens_first(
         await host.stop()
 
 
-async def test_a_reliable_topics_storage_is_listed_while_its_metadata_is_read(
-    tmp_path: Path,
-) -> None:
-    """Opening (a move's new owner) reads the topic's metadata and its storage listing at
-    once: the open does not wait one more round trip after learning the topic is reliable."""
+async def test_an_opening_reads_its_metadata_and_storage_in_one_call(tmp_path: Path) -> None:
+    """Opening (a move's new owner, a failover's heir) reads the topic's metadata and its
+    storage listing in one round trip, and nothing of either again."""
     name = TopicName.parse("/default/r")
-    store = SlowStore(gates=lambda key: key == keys.topic_meta(name))
+    store = SlowStore()
     host = DataPlaneHost("b1", store, FakeClock(), data_config(tmp_path))
     await host.start()
     try:
         await host.directory.create_topic(name, {DISPATCH_KEY: RELIABLE})
-        store.gate.clear()
+        store.reads.clear()
         await host.load(str(name), None)
-        await eventually(lambda: keys.storage_topic_prefix(name) in store.listed)
-        assert not host.topics  # its metadata is still being read
-        store.gate.set()
         await eventually(lambda: str(name) in host.topics)
         assert host.topics[str(name)].reliable
+        assert store.together == [(keys.topic_meta(name), keys.storage_topic_prefix(name))]
+        assert store.reads.count(keys.topic_meta(name)) == 1  # inside that one call
+        assert store.listed == [keys.storage_topic_prefix(name)]  # likewise
     finally:
-        store.gate.set()
         await host.stop()
 
 

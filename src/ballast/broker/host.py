@@ -23,7 +23,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from ballast.aio import TaskOwner, cancel_and_wait
+from ballast.aio import TaskOwner
 from ballast.broker.budgets import ByteBudgets
 from ballast.broker.dispatch import ConsumerHandle, SubscriptionDispatcher, drain
 from ballast.broker.expiry import expired
@@ -292,28 +292,22 @@ class DataPlaneHost:
             return
         self._failed_loads.pop(topic, None)
         name = TopicName.parse(topic)
-        # Read with the metadata: a reliable topic's open needs it (for another topic it
-        # is one wasted read of an empty prefix); one round trip less on a move's path.
-        listing = asyncio.ensure_future(self.store.get_prefix(keys.storage_topic_prefix(name)))
         began = time.perf_counter()
-        try:
-            await self._start_serving(topic, name, marker, listing)
-            if topic in self.topics:
-                self.counters.handover.labels("open").observe(time.perf_counter() - began)
-        finally:
-            if not listing.done():
-                await cancel_and_wait(listing)
-            elif not listing.cancelled():
-                listing.exception()  # retrieved: the open reported it, or did not need it
+        # The storage keys with the metadata, in one round trip: a reliable topic's open
+        # needs them (for another topic it is an empty prefix read in the same call).
+        meta, listing = await self.directory.meta_and_storage(name)
+        await self._start_serving(topic, name, marker, meta or {}, listing)
+        if topic in self.topics:
+            self.counters.handover.labels("open").observe(time.perf_counter() - began)
 
     async def _start_serving(
         self,
         topic: str,
         name: TopicName,
         marker: UnassignedMarker | None,
-        listing: asyncio.Future[Listing],
+        meta: dict[str, Any],
+        listing: Listing,
     ) -> None:
-        meta = await self.directory.meta(name) or {}
         now = self.clock.now()
         window, buffer = self.settings.unacked_window, self.settings.non_reliable_queue
         served: ServedTopic

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ballast.clock import Clock
-from ballast.metadata import Compare, KeyValue, MetadataStore, Put, keys
+from ballast.metadata import Compare, KeyValue, Listing, MetadataStore, Put, keys
 from ballast.metadata.records import Registration, parse_owner_value
 from ballast.model import MarkerReason, ModelError, TopicName, UnassignedMarker
 
@@ -95,6 +95,14 @@ class Directory:
     async def meta(self, topic: TopicName) -> dict[str, Any] | None:
         """The topic's metadata (a JSON object), or None if the topic does not exist."""
         return _meta_value(await self.store.get(keys.topic_meta(topic)))
+
+    async def meta_and_storage(self, topic: TopicName) -> tuple[dict[str, Any] | None, Listing]:
+        """`meta` and the topic's storage keys (`keys.storage_topic_prefix`) in one round
+        trip: what opening it reads."""
+        kv, listing = await self.store.get_and_list(
+            keys.topic_meta(topic), keys.storage_topic_prefix(topic)
+        )
+        return _meta_value(kv), listing
 
     async def marker(self, topic: TopicName) -> UnassignedMarker | None:
         """The topic's unassigned marker (it is waiting for an owner), if any."""

@@ -561,24 +561,58 @@ class EtcdStore(TxnHelpers):
                 # The pinned revision was compacted between pages: list again at the newest.
                 log.info("listing %r raced a compaction; listing again", prefix)
 
-    async def _list(self, prefix: str, start: bytes, end: bytes) -> Listing:
+    async def get_and_list(self, key: str, prefix: str) -> tuple[KeyValue | None, Listing]:
+        """The key and the first page under `prefix` in one read-only transaction; the
+        other pages, if any, at its revision (as `get_prefix` reads them)."""
+        prefix_b = _codec.check_prefix(prefix)
+        end = prefix_range_end(prefix_b)
+        request = rpc.TxnRequest(
+            success=[
+                rpc.RequestOp(request_range=rpc.RangeRequest(key=_codec.check_key(key))),
+                rpc.RequestOp(
+                    request_range=rpc.RangeRequest(
+                        key=prefix_b, range_end=end, limit=self._page_size
+                    )
+                ),
+            ]
+        )
+
+        async def invoke(conn: _Connection, timeout: float) -> Any:
+            return await conn.kv.Txn(request, timeout=timeout, metadata=conn.metadata)
+
+        resp = await self._call(f"get {key!r} and list {prefix!r}", invoke, retry_after_send=True)
+        found, page = (r.response_range for r in resp.responses)
+        kv = _key_value(found.kvs[0]) if found.kvs else None
+        try:
+            return kv, await self._list(prefix, prefix_b, end, resp.header.revision, page)
+        except CompactedError:
+            log.info("listing %r raced a compaction; listing again", prefix)
+            return kv, await self.get_prefix(prefix)
+
+    async def _list(
+        self, prefix: str, start: bytes, end: bytes, revision: int = 0, first: Any = None
+    ) -> Listing:
+        """The listing, page by page; `revision` (0: the newest, pinned by the first page)
+        and `first`, a first page read already at it."""
         items: list[KeyValue] = []
         undecodable: list[ValueDecodeError] = []
-        revision = 0  # 0: the first page reads the newest revision and pins it for the rest
         while True:
-            request = rpc.RangeRequest(
-                key=start, range_end=end, limit=self._page_size, revision=revision
-            )
+            if first is not None:
+                resp, first = first, None
+            else:
+                request = rpc.RangeRequest(
+                    key=start, range_end=end, limit=self._page_size, revision=revision
+                )
 
-            async def invoke(conn: _Connection, timeout: float, req: Any = request) -> Any:
-                return await conn.kv.Range(req, timeout=timeout, metadata=conn.metadata)
+                async def invoke(conn: _Connection, timeout: float, req: Any = request) -> Any:
+                    return await conn.kv.Range(req, timeout=timeout, metadata=conn.metadata)
 
-            try:
-                resp = await self._call(f"list {prefix!r}", invoke, retry_after_send=True)
-            except MetadataError as exc:
-                if "compacted" in str(exc) and revision:
-                    raise CompactedError(revision, revision) from exc
-                raise
+                try:
+                    resp = await self._call(f"list {prefix!r}", invoke, retry_after_send=True)
+                except MetadataError as exc:
+                    if "compacted" in str(exc) and revision:
+                        raise CompactedError(revision, revision) from exc
+                    raise
             if revision == 0:
                 revision = resp.header.revision
             for kv in resp.kvs:

@@ -123,6 +123,10 @@ class MemoryStore(TxnHelpers):
         self._check_open()
         return self.core.get_prefix(prefix)
 
+    async def get_and_list(self, key: str, prefix: str) -> tuple[KeyValue | None, Listing]:
+        """`get` and `get_prefix` at the current revision (nothing runs between them)."""
+        return await self.get(key), await self.get_prefix(prefix)
+
     async def put(self, key: str, value: Any, lease: int | None = None) -> int:
         """Write `value` (JSON) at `key`; returns the new revision."""
         self._check_open()

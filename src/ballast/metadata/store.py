@@ -536,6 +536,12 @@ class MetadataStore(Protocol):
         """
         ...
 
+    async def get_and_list(self, key: str, prefix: str) -> tuple[KeyValue | None, Listing]:
+        """`get(key)` and `get_prefix(prefix)` at one revision, in one round trip (a
+        topic's opening reads its metadata and its storage keys: a broker inheriting
+        10 000 topics pays one call each, not two)."""
+        ...
+
     async def put(self, key: str, value: Any, lease: int | None = None) -> int:
         """Write `value` (JSON) at `key`; returns the new store revision."""
         ...

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -214,10 +214,11 @@ class ReliableTopic:
         if self._status is TopicStatus.OPEN:
             await self.close()
 
-    async def open(self, listing: Awaitable[Listing] | None = None) -> OpenResult:
+    async def open(self, listing: Listing | None = None) -> OpenResult:
         """Recover local state, choose the next offset, start the services. `listing`: the
-        topic's storage prefix (`keys.storage_topic_prefix`) as the caller reads it already
-        (with other things it needs first); by default it is read here."""
+        topic's storage prefix (`keys.storage_topic_prefix`) as the caller read it already
+        (with the topic's metadata, in one round trip); by default it is read here, while
+        the WAL recovers."""
         self._transition("open")
         stack = contextlib.AsyncExitStack()
         try:
@@ -233,9 +234,7 @@ class ReliableTopic:
         self._transition("opened")
         return result
 
-    async def _open(
-        self, stack: contextlib.AsyncExitStack, listed: Awaitable[Listing] | None
-    ) -> OpenResult:
+    async def _open(self, stack: contextlib.AsyncExitStack, listed: Listing | None) -> OpenResult:
         broker_log = self._log
         if broker_log is None:  # a topic of its own (tests, tools): its own log
             broker_log = BrokerLog(
@@ -259,8 +258,10 @@ class ReliableTopic:
         # opening is on a move's path (a retry must not recover the directory while this
         # recovery still runs: `both` waits for both).
         if listed is None:
-            listed = self._metadata.get_prefix(keys.storage_topic_prefix(self.topic))
-        listing, recovery = await both(listed, wal.recover())
+            prefix = keys.storage_topic_prefix(self.topic)
+            listing, recovery = await both(self._metadata.get_prefix(prefix), wal.recover())
+        else:
+            listing, recovery = listed, await wal.recover()
         state_key = keys.storage_state(self.topic)
         for undecodable in listing.undecodable:
             if undecodable.key == state_key:
