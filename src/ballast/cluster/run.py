@@ -69,6 +69,7 @@ async def serve(
     async with store:
         metrics = ClusterMetrics(broker_id)
         metrics.connection_timeouts.watch("etcd", lambda: getattr(store, "connection_timeouts", 0))
+        pauses = heap.GcPauses(metrics.registry)
         if config.metrics.enabled:
             try:
                 metrics.serve(config.metrics.host, config.metrics.port)
@@ -125,6 +126,7 @@ async def serve(
             started.cancel()
             await runner
         finally:
+            pauses.close()
             if server is not None:
                 await server.stop()
 
