@@ -322,3 +322,33 @@ async def test_a_producer_for_a_topic_placed_here_but_not_yet_served_waits_for_i
     assert missed == [topic]
     assert answer.producer_name == "p"
     assert "p" in b1.host.topics[topic].producers
+
+
+async def test_a_consumer_for_a_topic_placed_here_but_not_yet_served_waits_for_it(
+    cluster: DataCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As for a producer: a consumer carried to the new owner before its watch has the
+    assignment is served once the topic opens (it was answered INTERNAL, "unreachable",
+    with a traceback in the broker's log)."""
+    b1 = cluster.brokers["b1"]
+    topic = "/default/placed-here-sub"
+    await AdminClient(cluster.store).create_topic(topic, hint=b1.broker_id)
+    assert await cluster.wait_served(topic) is b1
+    real_serving = b1.host.serving
+    missed: list[str] = []
+
+    async def not_yet(name: str) -> Any:
+        if name == topic and not missed:
+            missed.append(name)
+            return None  # asked before this broker saw its assignment
+        return await real_serving(name)
+
+    monkeypatch.setattr(b1.host, "serving", not_yet)
+    request = pb.ConsumerRequest(
+        request_id=1, topic_name=topic, consumer_name="c", subscription="s"
+    )
+    async with grpc.aio.insecure_channel(b1.url) as channel:
+        answer = await pb_grpc.ConsumerServiceStub(channel).Subscribe(request, timeout=10)
+    assert missed == [topic]
+    assert answer.consumer_name == "c"
+    assert "s" in b1.host.topics[topic].subscriptions

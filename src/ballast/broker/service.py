@@ -359,8 +359,9 @@ class DataPlaneService(
             self.host.serving(str(topic)), _warm_up(self.quotas.get(topic.namespace))
         )
         if served is None or not served.accepting:
-            await self._not_here(topic, None, create=False)
-            raise AssertionError("unreachable")
+            # Raises, unless the ownership record places the topic here (a gateway carrying
+            # the consumer heard of the move first): then it waits for the opening.
+            served = await self._not_here(topic, None, create=False)
         await self._subscribe_quotas(topic, served, request.subscription, request.consumer_name)
         handle, holds = await both(
             served.subscribe(
