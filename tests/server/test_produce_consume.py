@@ -294,14 +294,17 @@ async def test_a_topic_created_by_another_producer_meanwhile_is_no_partitioned_c
     assert "not served by this broker" in (sent_on.value.details() or "")
 
 
-async def test_a_producer_for_a_topic_placed_here_but_not_yet_served_waits_for_it(
-    cluster: DataCluster, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("client", ["producer", "consumer"])
+async def test_a_client_of_a_topic_placed_here_but_not_yet_served_waits_for_it(
+    cluster: DataCluster, monkeypatch: pytest.MonkeyPatch, client: str
 ) -> None:
-    """A gateway carrying a producer hears of a move from the ownership record, often
-    before the new owner's own watch has the assignment: the new owner serves the producer
-    once the topic opens, rather than sending the gateway round again (UNAVAILABLE)."""
+    """A gateway carrying a producer or a consumer hears of a move from the ownership
+    record, often before the new owner's own watch has the assignment: the new owner
+    serves the client once the topic opens, rather than sending the gateway round again
+    (UNAVAILABLE; a consumer was even answered INTERNAL, "unreachable", with a traceback
+    in the broker's log)."""
     b1 = cluster.brokers["b1"]
-    topic = "/default/placed-here"
+    topic = f"/default/placed-here-{client}"
     await AdminClient(cluster.store).create_topic(topic, hint=b1.broker_id)
     assert await cluster.wait_served(topic) is b1
     real_serving = b1.host.serving
@@ -314,41 +317,22 @@ async def test_a_producer_for_a_topic_placed_here_but_not_yet_served_waits_for_i
         return await real_serving(name)
 
     monkeypatch.setattr(b1.host, "serving", not_yet)
-    request = pb.ProducerRequest(
-        request_id=1, producer_name="p", topic_name=topic, dispatch_strategy=pb.NonReliable
-    )
     async with grpc.aio.insecure_channel(b1.url) as channel:
-        answer = await pb_grpc.ProducerServiceStub(channel).CreateProducer(request, timeout=10)
+        if client == "producer":
+            answer = await pb_grpc.ProducerServiceStub(channel).CreateProducer(
+                pb.ProducerRequest(
+                    request_id=1, producer_name="c", topic_name=topic,
+                    dispatch_strategy=pb.NonReliable,
+                ),
+                timeout=10,
+            )  # fmt: skip
+            assert answer.producer_name == "c" and "c" in b1.host.topics[topic].producers
+        else:
+            answer = await pb_grpc.ConsumerServiceStub(channel).Subscribe(
+                pb.ConsumerRequest(
+                    request_id=1, topic_name=topic, consumer_name="c", subscription="s"
+                ),
+                timeout=10,
+            )
+            assert answer.consumer_name == "c" and "s" in b1.host.topics[topic].subscriptions
     assert missed == [topic]
-    assert answer.producer_name == "p"
-    assert "p" in b1.host.topics[topic].producers
-
-
-async def test_a_consumer_for_a_topic_placed_here_but_not_yet_served_waits_for_it(
-    cluster: DataCluster, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """As for a producer: a consumer carried to the new owner before its watch has the
-    assignment is served once the topic opens (it was answered INTERNAL, "unreachable",
-    with a traceback in the broker's log)."""
-    b1 = cluster.brokers["b1"]
-    topic = "/default/placed-here-sub"
-    await AdminClient(cluster.store).create_topic(topic, hint=b1.broker_id)
-    assert await cluster.wait_served(topic) is b1
-    real_serving = b1.host.serving
-    missed: list[str] = []
-
-    async def not_yet(name: str) -> Any:
-        if name == topic and not missed:
-            missed.append(name)
-            return None  # asked before this broker saw its assignment
-        return await real_serving(name)
-
-    monkeypatch.setattr(b1.host, "serving", not_yet)
-    request = pb.ConsumerRequest(
-        request_id=1, topic_name=topic, consumer_name="c", subscription="s"
-    )
-    async with grpc.aio.insecure_channel(b1.url) as channel:
-        answer = await pb_grpc.ConsumerServiceStub(channel).Subscribe(request, timeout=10)
-    assert missed == [topic]
-    assert answer.consumer_name == "c"
-    assert "s" in b1.host.topics[topic].subscriptions
