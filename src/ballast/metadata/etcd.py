@@ -585,9 +585,9 @@ class EtcdStore(TxnHelpers):
         kv = _key_value(found.kvs[0]) if found.kvs else None
         try:
             return kv, await self._list(prefix, prefix_b, end, resp.header.revision, page)
-        except CompactedError:
-            log.info("listing %r raced a compaction; listing again", prefix)
-            return kv, await self.get_prefix(prefix)
+        except CompactedError:  # between pages: both again, at the newest revision
+            log.info("listing %r raced a compaction; reading again", prefix)
+            return await self.get_and_list(key, prefix)
 
     async def _list(
         self, prefix: str, start: bytes, end: bytes, revision: int = 0, first: Any = None
