@@ -254,9 +254,9 @@ class ReliableTopic:
             stats=self.stats,
             name=f"wal{self.topic}",
         )
-        # The state and the catalog in one listing (one revision), while the WAL recovers:
-        # opening is on a move's path (a retry must not recover the directory while this
-        # recovery still runs: `both` waits for both).
+        # The state and the catalog in one listing (one revision): the caller's (read with
+        # the metadata), or read here while the WAL recovers (a retry must not recover the
+        # directory while this recovery still runs: `both` waits for both).
         if listed is None:
             prefix = keys.storage_topic_prefix(self.topic)
             listing, recovery = await both(self._metadata.get_prefix(prefix), wal.recover())
