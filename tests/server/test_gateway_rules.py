@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
 import time
 import urllib.request
@@ -302,6 +303,7 @@ async def test_the_gateway_exports_its_figures_to_prometheus() -> None:
             for n in range(3):
                 msg_id = pb.MsgID(producer_id=created.producer_id, topic_name=str(TOPIC))
                 await producers.SendMessage(pb.StreamMessage(request_id=n, msg_id=msg_id))
+            gc.collect()  # one pause of the cycle collector to export
             text = await asyncio.to_thread(
                 lambda: (
                     urllib.request.urlopen(f"http://{gateway.metrics_url}/metrics", timeout=5)
@@ -318,6 +320,7 @@ async def test_the_gateway_exports_its_figures_to_prometheus() -> None:
         assert samples['ballast_gateway_sessions{kind="producer"}'] == 1
         assert samples['ballast_gateway_sessions{kind="consumer"}'] == 0
         assert samples["ballast_gateway_held_sends"] == 0
+        assert 'ballast_gc_pause_seconds_count{generation="2"}' in text
         link = f'broker_url="{broker.url}",link="SendMessages"'
         assert samples[f"ballast_gateway_link_records_total{{{link}}}"] == 3
         assert 1 <= samples[f"ballast_gateway_link_frames_total{{{link}}}"] <= 3

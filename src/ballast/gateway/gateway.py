@@ -143,6 +143,7 @@ class Gateway(Served):
         )
         self._server: H2GrpcServer | None = None
         self._metrics: WSGIServer | None = None
+        self._gc_pauses: heap.GcPauses | None = None
         self.metrics_url = ""  # host:port of the Prometheus endpoint, when served
         self._watch: asyncio.Task[None] | None = None
         self._reporter: asyncio.Task[None] | None = None
@@ -230,7 +231,9 @@ class Gateway(Served):
             )
         if self.settings.metrics_port:
             try:
-                self._metrics = serve_metrics(self, self.bind_host, self.settings.metrics_port)
+                self._metrics, registry = serve_metrics(
+                    self, self.bind_host, self.settings.metrics_port
+                )
             except OSError as exc:
                 await self.stop(0)
                 raise OSError(
@@ -238,6 +241,7 @@ class Gateway(Served):
                     f"cannot listen there ({exc}); choose another gateway.metrics_port"
                 ) from None
             self.metrics_url = f"{self.bind_host}:{self._metrics.server_port}"
+            self._gc_pauses = heap.GcPauses(registry)
             log.info("gateway: Prometheus series on http://%s/metrics", self.metrics_url)
         return self.advertise
 
@@ -246,6 +250,9 @@ class Gateway(Served):
             await cancel_and_wait(self._reporter)
             self._reporter = None
         metrics, self._metrics = self._metrics, None
+        pauses, self._gc_pauses = self._gc_pauses, None
+        if pauses is not None:
+            pauses.close()
         if metrics is not None:
             await asyncio.to_thread(metrics.shutdown)
             metrics.server_close()

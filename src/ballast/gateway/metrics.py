@@ -110,10 +110,12 @@ class GatewayCollector(Collector):
             yield from wire_series(server)
 
 
-def serve_metrics(gateway: GatewayState, host: str, port: int) -> WSGIServer:
+def serve_metrics(
+    gateway: GatewayState, host: str, port: int
+) -> tuple[WSGIServer, CollectorRegistry]:
     """Expose the gateway's series on `host:port` (prometheus_client's HTTP thread);
-    `shutdown()` and `server_close()` on the server stop it."""
+    `shutdown()` and `server_close()` on the server stop it. Its registry, for more."""
     registry = CollectorRegistry()
     registry.register(GatewayCollector(gateway))
     server, _ = start_http_server(port, addr=host, registry=registry)
-    return server
+    return server, registry
