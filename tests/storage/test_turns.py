@@ -7,6 +7,15 @@ import asyncio
 from ballast.storage.turns import Turns
 
 
+def a_holding_b_and_c_queued() -> tuple[Turns, asyncio.Event, asyncio.Event, asyncio.Event]:
+    turns = Turns()
+    a, b, c = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    assert turns.take(a)
+    assert not turns.take(b)
+    assert not turns.take(c)
+    return turns, a, b, c
+
+
 async def test_one_holder_and_the_others_woken_in_arrival_order() -> None:
     turns = Turns()
     a, b, c = asyncio.Event(), asyncio.Event(), asyncio.Event()
@@ -28,11 +37,7 @@ async def test_one_holder_and_the_others_woken_in_arrival_order() -> None:
 
 
 async def test_a_turn_declined_or_abandoned_goes_to_the_next() -> None:
-    turns = Turns()
-    a, b, c = asyncio.Event(), asyncio.Event(), asyncio.Event()
-    assert turns.take(a)
-    assert not turns.take(b)
-    assert not turns.take(c)
+    turns, a, b, c = a_holding_b_and_c_queued()
     turns.give_back(a)
     assert b.is_set()
     turns.forget(b)  # woken, it found nothing to do: c's turn
@@ -46,11 +51,7 @@ async def test_a_turn_declined_or_abandoned_goes_to_the_next() -> None:
 
 
 async def test_forgetting_an_offered_turn_while_another_holds_it_offers_nothing() -> None:
-    turns = Turns()
-    a, b, c = asyncio.Event(), asyncio.Event(), asyncio.Event()
-    assert turns.take(a)
-    assert not turns.take(b)
-    assert not turns.take(c)
+    turns, a, b, c = a_holding_b_and_c_queued()
     turns.give_back(a)  # offered to b, but a takes it again first
     assert turns.take(a)
     turns.forget(b)

@@ -12,6 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ballast.metadata.store import (
+    MAX_TXN_OPS,
     CompactedError,
     Compare,
     Delete,
@@ -53,6 +54,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "MAX_TXN_OPS",
     "CompactedError",
     "Compare",
     "Delete",

@@ -6,7 +6,14 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ballast.metadata.store import Compare, Delete, MetadataError, Put, ValueEncodeError
+from ballast.metadata.store import (
+    MAX_TXN_OPS,
+    Compare,
+    Delete,
+    MetadataError,
+    Put,
+    ValueEncodeError,
+)
 
 _COMPARE_TARGETS = ("value", "version", "create_revision", "mod_revision")
 _COMPARE_OPS = ("==", "!=", "<", ">")
@@ -35,10 +42,6 @@ def check_key(key: str) -> bytes:
     if not isinstance(key, str) or not key:
         raise MetadataError(f"invalid key {key!r}: expected a non-empty string")
     return key.encode("utf-8")
-
-
-# etcd's default --max-txn-ops: operations in one transaction (reads included).
-MAX_TXN_OPS = 128
 
 
 def check_keys(keys: Sequence[str]) -> list[bytes]:

@@ -135,6 +135,11 @@ class Listing:
     undecodable: list[ValueDecodeError] = field(default_factory=list)
 
 
+# etcd's default --max-txn-ops: operations in one transaction (reads included); every
+# writer of several keys at once keeps under it.
+MAX_TXN_OPS = 128
+
+
 class MetadataError(Exception):
     """Any failure of the metadata store."""
 

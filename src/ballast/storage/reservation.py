@@ -35,7 +35,15 @@ from typing import Any, Protocol, Self
 
 from ballast.clock import Clock
 from ballast.metadata import keys
-from ballast.metadata.store import Compare, Delete, MetadataError, MetadataStore, Put, TxnOp
+from ballast.metadata.store import (
+    MAX_TXN_OPS,
+    Compare,
+    Delete,
+    MetadataError,
+    MetadataStore,
+    Put,
+    TxnOp,
+)
 from ballast.model import TopicName
 from ballast.storage.config import StorageConfig
 from ballast.storage.seal import SealedState, StateError
@@ -456,8 +464,8 @@ class TopicClaim:
         )
 
 
-# etcd refuses a transaction of more than 128 compares or 128 operations.
-_TXN_OPS = 120
+# Below etcd's limit on a transaction's compares and operations, with room to spare.
+_TXN_OPS = MAX_TXN_OPS - 8
 
 
 def _keys_of(ops: Sequence[TxnOp]) -> set[str] | None:
